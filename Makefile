@@ -1,0 +1,40 @@
+# Two entry points for a fresh machine (Python 3.11 is all they need):
+#   make reproduce   - set up, run every mini reproduction, rebuild figures + report
+#   make test        - set up, lint, run the whole test suite
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: venv test lint reproduce figures bench clean
+
+$(STAMP): constraints.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip==26.0.1" || $(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints.txt -e ".[dev,figures,cluster,track]"
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+reproduce: venv
+	$(PY) scripts/reproduce_mini.py
+	$(PY) paper_figures/make_all.py
+
+figures: venv
+	$(PY) paper_figures/make_all.py
+
+bench: venv
+	$(PY) benchmarks/ops.py
+	$(PY) benchmarks/rollout.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

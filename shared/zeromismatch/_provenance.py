@@ -1,0 +1,85 @@
+"""Who/what/where produced a result: git commit, versions, hardware, command line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+_PACKAGES = ("torch", "numpy", "safetensors", "transformers", "ray", "submitit", "wandb", "seaborn")
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> str:
+    """The checkout's commit (with ``-dirty`` if it has uncommitted changes), or "unknown"."""
+    where = Path(cwd) if cwd else Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def hardware() -> dict[str, object]:
+    import torch
+
+    info: dict[str, object] = {
+        "machine": platform.machine(),
+        "processor": platform.processor() or "unknown",
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def config_hash(config: object) -> str:
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def provenance(config: object | None = None, argv: list[str] | None = None) -> dict[str, object]:
+    from . import __version__
+
+    return {
+        "zeromismatch_version": __version__,
+        "git_commit": git_commit(),
+        "command_line": list(sys.argv if argv is None else argv),
+        "python": sys.version.split()[0],
+        "packages": package_versions(),
+        "hardware": hardware(),
+        "config_hash": config_hash(config) if config is not None else None,
+    }

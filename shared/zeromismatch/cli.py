@@ -1,0 +1,55 @@
+"""The ``zm`` command line: ``zm parity | bisect | bench | train | audit | info``.
+
+Each subcommand lives in ``zeromismatch.commands.<name>`` and exposes
+``register(subparsers)``; a command whose optional dependencies are missing
+still shows in ``--help`` and fails with one clear message when run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from ._provenance import git_commit
+
+# Order is the order shown in --help. Add a module here when you add a command.
+COMMAND_MODULES = ["info", "parity", "bisect", "bench", "train", "audit"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zm",
+        description="zero train-inference mismatch RL: parity checks, bisection, training, audit",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"zeromismatch {__version__} (git {git_commit()})"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"zeromismatch.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name and err.name.startswith("zeromismatch.commands"):
+                continue  # command not written yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

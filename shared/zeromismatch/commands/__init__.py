@@ -1,0 +1,1 @@
+"""Subcommands of ``zm``; each module exposes ``register(subparsers)``."""

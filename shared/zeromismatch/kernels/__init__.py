@@ -1,0 +1,53 @@
+"""Kernel sets: every numerically relevant op behind one switch.
+
+``get_kernels("aligned")`` is the batch-, phase- and layout-invariant CPU
+reference (pure torch); ``get_kernels("default")`` is the fastest stock torch
+path, as a performance-minded, unaligned stack runs it. A GPU set registers
+itself under its own name when its extra is installed. See docs/parity.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .base import KernelSet, QuantizedWeight
+
+_FACTORIES: dict[str, Callable[[], KernelSet]] = {}
+_INSTANCES: dict[str, KernelSet] = {}
+
+
+def register_kernels(name: str, factory: Callable[[], KernelSet]) -> None:
+    """Register a KernelSet factory under ``name`` (idempotent for the same name)."""
+    _FACTORIES[name] = factory
+    _INSTANCES.pop(name, None)
+
+
+def available_kernels() -> list[str]:
+    _register_builtin()
+    return sorted(_FACTORIES)
+
+
+def get_kernels(name: str | KernelSet) -> KernelSet:
+    """Return the KernelSet registered as ``name`` (a KernelSet passes through)."""
+    if isinstance(name, KernelSet):
+        return name
+    _register_builtin()
+    if name not in _FACTORIES:
+        raise ValueError(f"unknown kernel set {name!r}; available: {', '.join(sorted(_FACTORIES))}")
+    if name not in _INSTANCES:
+        _INSTANCES[name] = _FACTORIES[name]()
+    return _INSTANCES[name]
+
+
+def _register_builtin() -> None:
+    if "aligned" not in _FACTORIES:
+        from .aligned import AlignedKernels
+
+        register_kernels("aligned", AlignedKernels)
+    if "default" not in _FACTORIES:
+        from .default import DefaultKernels
+
+        register_kernels("default", DefaultKernels)
+
+
+__all__ = ["KernelSet", "QuantizedWeight", "available_kernels", "get_kernels", "register_kernels"]

@@ -1,0 +1,55 @@
+"""The installed ``zm`` entry point and the package import, exercised for real."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import zeromismatch
+from zeromismatch.cli import build_parser, main
+
+
+def _zm(*args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("zm")
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "zeromismatch.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_version_prints_package_version_and_git_commit():
+    out = _zm("--version")
+    assert out.returncode == 0, out.stderr
+    assert zeromismatch.__version__ in out.stdout
+    assert re.search(r"git ([0-9a-f]{40}(-dirty)?|unknown)", out.stdout), out.stdout
+
+
+def test_help_lists_subcommands():
+    out = _zm("--help")
+    assert out.returncode == 0, out.stderr
+    assert "info" in out.stdout
+    for name in build_parser()._subparsers._group_actions[0].choices:
+        assert name in out.stdout
+
+
+def test_info_json_reports_versions_and_kernel_sets(capsys):
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["packages"]["torch"].startswith("2.13.0")
+    assert {"aligned", "default"} <= set(info["kernel_sets"])
+    assert info["hardware"]["cpu_count"] >= 1
+
+
+def test_unknown_command_fails_with_usage():
+    out = _zm("no-such-command")
+    assert out.returncode != 0
+    assert "invalid choice" in out.stderr
+
+
+def test_unknown_kernel_set_is_one_clear_error():
+    from zeromismatch.kernels import get_kernels
+
+    with pytest.raises(ValueError, match="unknown kernel set 'fast-and-wrong'"):
+        get_kernels("fast-and-wrong")
