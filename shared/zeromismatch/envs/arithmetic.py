@@ -1,0 +1,63 @@
+"""Arithmetic reasoning env (the AIME-style stand-in; eval metric pass@1 = mean reward).
+
+Task: ``a op b`` with op in {+, -, *}; addition/subtraction operands have 1..``max_digits`` digits,
+multiplication operands 1..``max_mul_digits`` digits. Prompt ``"Q: 37+48=\nA: "``. Single turn.
+Reward 1.0 iff the response, with surrounding whitespace removed, is exactly the decimal integer
+answer (optionally wrapped in ``<answer>...</answer>``); otherwise 0.0. No partial credit, no
+tolerance: the reward is verifiable.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from zeromismatch.envs.base import Env, StepResult, Task
+
+__all__ = ["ArithmeticEnv"]
+
+_INTEGER = re.compile(r"-?\d{1,40}")
+_WRAPPED = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
+
+
+def parse_integer_answer(response: str) -> int | None:
+    """The integer a response states, or None. Accepts "85" or "<answer>85</answer>"."""
+    text = response.strip()
+    wrapped = _WRAPPED.fullmatch(text)
+    if wrapped:
+        text = wrapped.group(1)
+    return int(text) if _INTEGER.fullmatch(text) else None
+
+
+class ArithmeticEnv(Env):
+    name = "arithmetic"
+    max_turns = 1
+
+    def __init__(self, max_digits: int = 2, max_mul_digits: int = 1, ops: str = "+-*") -> None:
+        super().__init__()
+        if not 1 <= max_digits <= 9 or not 1 <= max_mul_digits <= 9:
+            raise ValueError(f"digits must be in 1..9, got max_digits={max_digits}, max_mul={max_mul_digits}")
+        if not ops or set(ops) - set("+-*"):
+            raise ValueError(f"ops must be a non-empty subset of '+-*', got {ops!r}")
+        self.max_digits = max_digits
+        self.max_mul_digits = max_mul_digits
+        self.ops = ops
+
+    def _operand(self, rng: random.Random, digits: int) -> int:
+        length = rng.randint(1, digits)
+        return rng.randint(0 if length == 1 else 10 ** (length - 1), 10**length - 1)
+
+    def _make_task(self, rng: random.Random) -> Task:
+        op = rng.choice(self.ops)
+        digits = self.max_mul_digits if op == "*" else self.max_digits
+        a, b = self._operand(rng, digits), self._operand(rng, digits)
+        answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return Task(prompt=f"Q: {a}{op}{b}=\nA: ", answer=answer, data={"a": a, "b": b, "op": op})
+
+    def _step(self, task: Task, action: str) -> StepResult:
+        stated = parse_integer_answer(action)
+        reward = 1.0 if stated is not None and stated == task.answer else 0.0
+        return StepResult(observation="", reward=reward, done=True, info={"parsed": stated})
+
+    def _demonstrate(self, task: Task) -> list[str]:
+        return [str(task.answer)]

@@ -1,0 +1,228 @@
+"""Code-repair env with a unit-test reward (the SWE-bench stand-in).
+
+A task is a small function from a family of templates (sum over a range, maximum of a list, counting,
+factorial, absolute difference) with one injected bug: one *slot* of the template (an operator, a
+comparison, a constant, an index) set to a wrong value that fails at least one of the task's unit tests
+(off-by-one ranges, wrong operators, wrong initial values ...). The prompt shows the numbered buggy
+function and its tests.
+
+Action: ``<fix>LINE|NEW LINE TEXT</fix>``, e.g. ``<fix>3|for i in range(1, n + 1):</fix>``. The new
+text (indentation ignored) must equal one of the finitely many renderings of that line obtained by
+giving its slots other values from their domains; any other text is rejected (reward 0.0).
+
+Nothing the model writes is executed. A patch only *selects* slot values from a table; the patched
+function is then run by this module's own interpreter of the template (a Python function of the slot
+values, with operators taken from a fixed table and input sizes bounded). Reward = fraction of unit
+tests whose result equals the reference; an exception in the candidate counts as a failed test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import random
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from zeromismatch.envs.base import Env, StepResult, Task
+
+__all__ = ["TEMPLATES", "CodeRepairEnv", "RepairTemplate"]
+
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_COMPARE = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le, "==": operator.eq,
+            "!=": operator.ne}
+_FIX = re.compile(r"\s*<fix>(\d{1,3})\|(.*?)</fix>\s*", re.DOTALL)
+_FIELD = string.Formatter()
+
+
+@dataclass(frozen=True)
+class RepairTemplate:
+    name: str
+    lines: tuple[str, ...]  # str.format templates with {slot} placeholders
+    domains: dict[str, tuple[str, ...]]  # slot -> allowed values (as they appear in the text)
+    correct: dict[str, str]
+    run: Callable[[dict[str, str], tuple], object]  # our interpreter: slot values x arguments -> result
+    sample_args: Callable[[random.Random], tuple]
+
+    def render(self, slots: dict[str, str]) -> list[str]:
+        return [line.format(**slots) for line in self.lines]
+
+    def slots_of_line(self, index: int) -> list[str]:
+        return [field for _, field, _, _ in _FIELD.parse(self.lines[index]) if field]
+
+    def call_text(self, args: tuple) -> str:
+        return f"{self.name}({', '.join(repr(a) for a in args)})"
+
+
+def _range_fold(slots: dict[str, str], args: tuple, accumulator: str) -> int:
+    (n,) = args
+    value = int(slots[accumulator])
+    for i in range(int(slots["start"]), n + int(slots["end"])):
+        value = _ARITH[slots["op"]](value, i)
+    return value
+
+
+def _max_list(slots: dict[str, str], args: tuple) -> int:
+    (xs,) = args
+    best = xs[int(slots["idx"])]
+    for x in xs[int(slots["skip"]):]:
+        if _COMPARE[slots["cmp"]](x, best):
+            best = x
+    return best
+
+
+def _count_greater(slots: dict[str, str], args: tuple) -> int:
+    xs, k = args
+    count = int(slots["init"])
+    for x in xs:
+        if _COMPARE[slots["cmp"]](x, k):
+            count = count + int(slots["inc"])
+    return count
+
+
+def _abs_diff(slots: dict[str, str], args: tuple) -> int:
+    a, b = args
+    if _COMPARE[slots["cmp"]](a, b):
+        return _ARITH[slots["op1"]](a, b)
+    return _ARITH[slots["op2"]](b, a)
+
+
+def _small_list(rng: random.Random) -> tuple:
+    return ([rng.randint(-9, 9) for _ in range(rng.randint(1, 6))],)
+
+
+TEMPLATES: tuple[RepairTemplate, ...] = (
+    RepairTemplate(
+        name="sum_range",
+        lines=("def sum_range(n):", "    total = {init}", "    for i in range({start}, n + {end}):",
+               "        total = total {op} i", "    return total"),
+        domains={"init": ("0", "1"), "start": ("0", "1", "2"), "end": ("0", "1", "2"), "op": ("+", "-", "*")},
+        correct={"init": "0", "start": "1", "end": "1", "op": "+"},
+        run=lambda slots, args: _range_fold(slots, args, "init"),
+        sample_args=lambda rng: (rng.randint(0, 9),),
+    ),
+    RepairTemplate(
+        name="factorial",
+        lines=("def factorial(n):", "    result = {init}", "    for i in range({start}, n + {end}):",
+               "        result = result {op} i", "    return result"),
+        domains={"init": ("0", "1", "2"), "start": ("0", "1", "2"), "end": ("0", "1", "2"), "op": ("*", "+")},
+        correct={"init": "1", "start": "1", "end": "1", "op": "*"},
+        run=lambda slots, args: _range_fold(slots, args, "init"),
+        sample_args=lambda rng: (rng.randint(0, 7),),
+    ),
+    RepairTemplate(
+        name="max_list",
+        lines=("def max_list(xs):", "    best = xs[{idx}]", "    for x in xs[{skip}:]:",
+               "        if x {cmp} best:", "            best = x", "    return best"),
+        domains={"idx": ("0", "1", "-1"), "skip": ("0", "1", "2"), "cmp": tuple(_COMPARE)},
+        correct={"idx": "0", "skip": "1", "cmp": ">"},
+        run=_max_list,
+        sample_args=_small_list,
+    ),
+    RepairTemplate(
+        name="count_greater",
+        lines=("def count_greater(xs, k):", "    count = {init}", "    for x in xs:", "        if x {cmp} k:",
+               "            count = count + {inc}", "    return count"),
+        domains={"init": ("0", "1"), "cmp": tuple(_COMPARE), "inc": ("0", "1", "2")},
+        correct={"init": "0", "cmp": ">", "inc": "1"},
+        run=_count_greater,
+        sample_args=lambda rng: (_small_list(rng)[0], rng.randint(-5, 5)),
+    ),
+    RepairTemplate(
+        name="abs_diff",
+        lines=("def abs_diff(a, b):", "    if a {cmp} b:", "        return a {op1} b",
+               "    return b {op2} a"),
+        domains={"cmp": tuple(_COMPARE), "op1": ("-", "+"), "op2": ("-", "+")},
+        correct={"cmp": ">", "op1": "-", "op2": "-"},
+        run=_abs_diff,
+        sample_args=lambda rng: (rng.randint(-20, 20), rng.randint(-20, 20)),
+    ),
+)
+_BY_NAME = {template.name: template for template in TEMPLATES}
+
+
+def run_tests(template: RepairTemplate, slots: dict[str, str], tests: list[tuple[tuple, object]]) -> int:
+    """How many (args, expected) tests the slot assignment passes under our interpreter."""
+    passed = 0
+    for args, expected in tests:
+        try:
+            passed += template.run(slots, args) == expected
+        except (IndexError, ZeroDivisionError, OverflowError):
+            pass
+    return passed
+
+
+class CodeRepairEnv(Env):
+    name = "code_repair"
+    max_turns = 1
+
+    def __init__(self, num_tests: int = 5, templates: tuple[str, ...] | None = None) -> None:
+        super().__init__()
+        if not 1 <= num_tests <= 20:
+            raise ValueError(f"num_tests must be in 1..20, got {num_tests}")
+        names = tuple(_BY_NAME) if templates is None else tuple(templates)
+        unknown = [name for name in names if name not in _BY_NAME]
+        if unknown or not names:
+            raise ValueError(f"unknown templates {unknown}; choose from {sorted(_BY_NAME)}")
+        self.num_tests = num_tests
+        self.template_names = names
+
+    def _make_task(self, rng: random.Random) -> Task:
+        template = _BY_NAME[rng.choice(self.template_names)]
+        tests = []
+        for _ in range(self.num_tests):
+            args = template.sample_args(rng)
+            tests.append((args, template.run(template.correct, args)))
+        # A bug is a (slot, wrong value) that fails at least one of *these* tests.
+        bugs = [
+            (slot, value)
+            for slot, values in template.domains.items()
+            for value in values
+            if value != template.correct[slot]
+            and run_tests(template, {**template.correct, slot: value}, tests) < len(tests)
+        ]
+        if not bugs:  # these tests tell no bug apart from the correct function; draw another task
+            return self._make_task(rng)
+        slot, value = rng.choice(bugs)
+        buggy = {**template.correct, slot: value}
+        rendered = template.render(buggy)
+        numbered = "\n".join(f"{number} {line}" for number, line in enumerate(rendered, start=1))
+        asserts = "\n".join(f"assert {template.call_text(args)} == {expected!r}" for args, expected in tests)
+        prompt = f"Fix the bug:\n{numbered}\nTests:\n{asserts}\nPatch: "
+        return Task(prompt=prompt, answer=dict(template.correct),
+                    data={"template": template.name, "buggy": buggy, "tests": tests, "bug_slot": slot})
+
+    def candidate_edits(self, task: Task, line_number: int) -> dict[str, dict[str, str]]:
+        """Every allowed new text of a line (stripped) -> the full slot assignment it stands for."""
+        template = _BY_NAME[task.data["template"]]
+        index = line_number - 1
+        if not 0 <= index < len(template.lines):
+            return {}
+        slots = template.slots_of_line(index)
+        table = {}
+        for values in itertools.product(*(template.domains[slot] for slot in slots)):
+            assignment = {**task.data["buggy"], **dict(zip(slots, values))}
+            table[template.lines[index].format(**assignment).strip()] = assignment
+        return table
+
+    def _step(self, task: Task, action: str) -> StepResult:
+        match = _FIX.fullmatch(action)
+        if not match:
+            return StepResult("", 0.0, True, {"error": "action is not <fix>LINE|TEXT</fix>"})
+        line_number, text = int(match.group(1)), match.group(2).strip()
+        assignment = self.candidate_edits(task, line_number).get(text)
+        if assignment is None:
+            return StepResult("", 0.0, True, {"error": f"not an allowed edit of line {line_number}"})
+        template = _BY_NAME[task.data["template"]]
+        tests = task.data["tests"]
+        passed = run_tests(template, assignment, tests)
+        return StepResult("", passed / len(tests), True, {"passed": passed, "tests": len(tests)})
+
+    def _demonstrate(self, task: Task) -> list[str]:
+        template = _BY_NAME[task.data["template"]]
+        slot = task.data["bug_slot"]
+        index = next(i for i in range(len(template.lines)) if slot in template.slots_of_line(i))
+        fixed_line = template.lines[index].format(**task.answer).strip()
+        return [f"<fix>{index + 1}|{fixed_line}</fix>"]

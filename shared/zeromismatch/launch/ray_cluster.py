@@ -1,0 +1,195 @@
+"""Ray, locally and across the nodes of a Slurm allocation.
+
+Locally, :func:`init_ray` starts a small private Ray instance: no dashboard, no usage stats, and
+``RAY_AUTH_MODE=disabled`` set before ``ray.init`` because Ray 2.60 otherwise turns on token
+authentication for every new local cluster and writes a token under ``~/.ray``.
+
+On Slurm (full scale), :func:`ray_slurm_setup_lines` is the sbatch-side recipe. It runs in the batch
+script on the first node of the allocation, before the job's own command:
+
+1. writes a fresh random token (mode 0600) into the job folder, which submitit already requires to
+   be shared by all nodes, and exports ``RAY_AUTH_MODE=token`` + ``RAY_AUTH_TOKEN_PATH``; ``srun``
+   passes the environment to every step, so head, workers and driver all use that token;
+2. starts the Ray head on the first node (``srun --overlap -w <head> ray start --head --block &``)
+   and waits until it answers ``ray status``;
+3. starts one Ray worker per remaining node, each with the node's GPUs and the task's CPUs;
+4. exports ``ZM_RAY_ADDRESS``; the job's command then runs *without* srun (``use_srun=False``),
+   i.e. once, as the driver on the head node, and :func:`init_ray` connects to that address and
+   waits until all ``SLURM_JOB_NUM_NODES`` nodes have joined.
+
+When the driver returns, :func:`ray_slurm_teardown_lines` runs ``ray stop`` on every node, so the
+blocking head/worker steps end at once and the job ends with the driver's exit status.
+The recipe is exercised here on the single-node Slurm of cluster/local_slurm (head only, no
+workers, no GPUs); the multi-node worker loop and GPU counts are checked in the dry-run text only.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+RAY_ADDRESS_ENV = "ZM_RAY_ADDRESS"
+DEFAULT_RAY_PORT = 6379
+
+
+def _ray_environment() -> None:
+    # setdefault: a caller (or the Slurm recipe's RAY_AUTH_MODE=token) that chose a mode keeps it.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def init_ray(
+    num_cpus: int = 2,
+    object_store_memory: int = 200 * 1024**2,
+    address: str | None = None,
+    expected_nodes: int | None = None,
+    wait_timeout_s: float = 300.0,
+):
+    """Start (or join) Ray and return the ``ray.init`` context.
+
+    ``address=None`` reads ``$ZM_RAY_ADDRESS`` (set by the Slurm recipe); if that is unset too, a
+    local instance with ``num_cpus`` CPUs and ``object_store_memory`` bytes of object store starts.
+    When joining, waits until ``expected_nodes`` (default ``$SLURM_JOB_NUM_NODES``, else 1) are alive.
+    Calling it while Ray is already initialised in this process raises ``RuntimeError``.
+    """
+    if not isinstance(num_cpus, int) or isinstance(num_cpus, bool) or num_cpus < 1:
+        raise ValueError(f"num_cpus must be an integer >= 1, got {num_cpus!r}")
+    # Ray's own floor for the object store is 75 MiB.
+    if not isinstance(object_store_memory, int) or object_store_memory < 75 * 1024**2:
+        raise ValueError(
+            f"object_store_memory must be an integer >= 75 MiB in bytes, got {object_store_memory!r}"
+        )
+    _ray_environment()
+    import ray
+
+    if ray.is_initialized():
+        raise RuntimeError("Ray is already initialised in this process; call ray.shutdown() first")
+    address = address or os.environ.get(RAY_ADDRESS_ENV)
+    if address is None:
+        return ray.init(
+            num_cpus=num_cpus,
+            object_store_memory=object_store_memory,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    context = ray.init(address=address, log_to_driver=False)
+    if expected_nodes is None:
+        expected_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    wait_for_nodes(expected_nodes, timeout_s=wait_timeout_s)
+    return context
+
+
+def wait_for_nodes(expected_nodes: int, timeout_s: float = 300.0, poll_s: float = 1.0) -> int:
+    """Block until at least ``expected_nodes`` Ray nodes are alive; return how many are."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+        if alive >= expected_nodes:
+            return alive
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {alive} of {expected_nodes} Ray nodes joined within {timeout_s} s")
+        time.sleep(poll_s)
+
+
+def _ray_executable() -> str:
+    # The ray console script installed next to this interpreter (same venv on every node).
+    candidate = Path(sys.executable).parent / "ray"
+    return shlex.quote(str(candidate)) if candidate.exists() else "ray"
+
+
+def ray_slurm_setup_lines(
+    job_folder: str | os.PathLike,
+    gpus_per_node: int,
+    port: int = DEFAULT_RAY_PORT,
+    head_timeout_s: int = 120,
+) -> list[str]:
+    """Shell lines (submitit's ``setup``) that start a Ray cluster over the job's nodes.
+
+    The job must run one task per node (``tasks_per_node=1``), and its command must run without
+    srun (``slurm_use_srun=False``) so that it executes once, on the head node, as the driver.
+    """
+    if not isinstance(gpus_per_node, int) or gpus_per_node < 0:
+        raise ValueError(f"gpus_per_node must be an integer >= 0, got {gpus_per_node!r}")
+    if not isinstance(port, int) or not 1024 <= port <= 65535:
+        raise ValueError(f"port must be an integer in 1024..65535, got {port!r}")
+    ray_bin = _ray_executable()
+    python = shlex.quote(sys.executable)
+    # Quoted for the shell, except the ${SLURM_JOB_ID} suffix, which must expand.
+    folder = shlex.quote(str(Path(job_folder).expanduser().absolute()))
+    token_path = folder + "/ray_auth_token_${SLURM_JOB_ID}"
+    cpus = '"${SLURM_CPUS_PER_TASK:-1}"'
+    step = 'srun --nodes=1 --ntasks=1 --overlap -w "$node"'
+    return [
+        "# Ray cluster over this allocation (zeromismatch.launch.ray_cluster.ray_slurm_setup_lines)",
+        "export RAY_USAGE_STATS_ENABLED=0",
+        "export RAY_AUTH_MODE=token",
+        f"export RAY_AUTH_TOKEN_PATH={token_path}",
+        f"(umask 077 && {python} -c 'import secrets; print(secrets.token_hex(32))' "
+        '> "$RAY_AUTH_TOKEN_PATH")',
+        'zm_ray_nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        "node=${zm_ray_nodes[0]}",
+        f"zm_ray_head_ip=$({step} hostname --ip-address | awk '{{print $1}}')",
+        f'export {RAY_ADDRESS_ENV}="$zm_ray_head_ip:{port}"',
+        f'{step} {ray_bin} start --head --node-ip-address="$zm_ray_head_ip" --port={port} '
+        f"--num-cpus={cpus} --num-gpus={gpus_per_node} --include-dashboard=false --block &",
+        f"for _ in $(seq {head_timeout_s}); do "
+        f'{ray_bin} status --address="${RAY_ADDRESS_ENV}" >/dev/null 2>&1 && break; sleep 1; done',
+        f'{ray_bin} status --address="${RAY_ADDRESS_ENV}" >/dev/null '
+        f'|| {{ echo "Ray head did not start within {head_timeout_s} s" >&2; exit 1; }}',
+        'for node in "${zm_ray_nodes[@]:1}"; do',
+        f'  {step} {ray_bin} start --address="${RAY_ADDRESS_ENV}" '
+        f"--num-cpus={cpus} --num-gpus={gpus_per_node} --block &",
+        "done",
+    ]
+
+
+def ray_slurm_teardown_lines() -> list[str]:
+    """Shell lines (submitit's ``teardown``) that stop Ray on every node after the driver returns.
+
+    Without them Slurm must signal the blocking ``ray start`` steps, and the job hangs in
+    COMPLETING for KillWait (30 s by default). The driver's exit status stays the job's.
+    """
+    ray_bin = _ray_executable()
+    return [
+        "zm_driver_status=$?",
+        "zm_ray_stops=()",
+        'for node in "${zm_ray_nodes[@]}"; do',
+        f'  srun --nodes=1 --ntasks=1 --overlap -w "$node" {ray_bin} stop --force >/dev/null 2>&1 &',
+        "  zm_ray_stops+=($!)",
+        "done",
+        'wait "${zm_ray_stops[@]}"',
+        'exit "$zm_driver_status"',
+    ]
+
+
+def ray_cluster_report() -> dict[str, object]:
+    """Join (or start) Ray, run one tiny task per alive node, shut down; say what was there.
+
+    A smoke job for a fresh allocation: ``submit(ray_cluster_report, cluster="slurm", ray=True, ...)``
+    shows whether every node joined with its GPUs before a long run is launched.
+    """
+    import socket
+
+    import ray
+
+    init_ray()
+    try:
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
+
+        @ray.remote(num_cpus=1)
+        def where() -> str:
+            return socket.gethostname()
+
+        hosts = ray.get([where.remote() for _ in nodes])
+        return {
+            "alive_nodes": len(nodes),
+            "resources": {key: float(value) for key, value in ray.cluster_resources().items()},
+            "task_hosts": sorted(hosts),
+        }
+    finally:
+        ray.shutdown()

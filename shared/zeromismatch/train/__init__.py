@@ -1,0 +1,3 @@
+"""zeromismatch.train: trainer-side logprob recompute and policy-gradient losses."""
+
+from zeromismatch.train.losses import LOSSES, LossOutput, PolicyBatch, compute_loss  # noqa: F401

@@ -1,0 +1,79 @@
+"""Desktop env: screen transitions, goal reward, error observations, injected step latency."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from zeromismatch.envs import DesktopEnv
+
+
+def _goal(env):
+    return env.current_task.answer
+
+
+def test_reaching_the_goal_earns_one_and_wrong_values_zero():
+    env = DesktopEnv()
+    env.reset(0)
+    goal = _goal(env)
+    env.step("<act>open menu</act>")
+    env.step(f"<act>select {goal['app']}</act>")
+    for field, value in goal["fields"].items():
+        env.step(f"<act>type {field} {value}</act>")
+    assert env.step("<act>submit</act>").reward == 1.0
+
+    env.reset(0)
+    env.step("<act>open menu</act>")
+    env.step(f"<act>select {goal['app']}</act>")
+    assert env.step("<act>submit</act>").reward == 0.0  # required fields not set
+
+
+def test_reopening_an_app_resets_its_fields():
+    env = DesktopEnv(max_turns=20)
+    env.reset(1)
+    goal = _goal(env)
+    env.step("<act>open menu</act>")
+    env.step(f"<act>select {goal['app']}</act>")
+    for field, value in goal["fields"].items():
+        env.step(f"<act>type {field} {value}</act>")
+    env.step("<act>back</act>")
+    env.step(f"<act>select {goal['app']}</act>")
+    assert env.step("<act>submit</act>").reward == 0.0
+
+
+def test_unavailable_actions_give_error_observations():
+    env = DesktopEnv()
+    env.reset(2)
+    result = env.step("<act>submit</act>")  # not available on the desktop screen
+    assert not result.done and result.observation.startswith("<obs>error: action not available here; desktop")
+    env.step("<act>open menu</act>")
+    env.step("<act>select settings</act>")
+    assert "error: no field color" in env.step("<act>type color red</act>").observation
+    assert "error: invalid value for volume" in env.step("<act>type volume 7</act>").observation
+
+
+def test_truncation_after_max_turns():
+    env = DesktopEnv(max_turns=4)
+    env.reset(3)
+    results = [env.step("<act>open menu</act>"), env.step("<act>close</act>"),
+               env.step("<act>open menu</act>"), env.step("<act>close</act>")]
+    assert results[-1].done and results[-1].reward == 0.0 and results[-1].info["truncated"]
+
+
+def test_step_latency_is_injected():
+    latency = 0.02
+    env = DesktopEnv(step_latency_s=latency)
+    env.reset(0)
+    started = time.perf_counter()
+    actions = ("<act>open menu</act>", "<act>close</act>", "<act>open menu</act>")
+    results = [env.step(action) for action in actions]
+    elapsed = time.perf_counter() - started
+    assert elapsed >= 3 * latency
+    assert all(result.info["latency_s"] >= latency for result in results)
+
+
+def test_bad_configuration():
+    with pytest.raises(ValueError, match="step_latency_s"):
+        DesktopEnv(step_latency_s=-1.0)
+    with pytest.raises(ValueError, match="max_turns"):
+        DesktopEnv(max_turns=2)
