@@ -1,0 +1,65 @@
+"""``zm train``: one RL run (sync or async, in-process or Ray) into --out.
+
+    zm train --env arithmetic --model tiny-qwen3 --algo reinforce_zero --kernels aligned \
+             --lag 8 --steps 50 --seed 0 --out runs/arith-lag8
+
+Writes metrics.jsonl (one record per step), summary.json, provenance.json and config.json;
+``--resume`` continues from the last checkpoint bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    from ..rl.config import ALGOS, EXECUTORS, UPDATE_MODES
+
+    p = sub.add_parser("train", help="run REINFORCE Zero / GRPO / GSPO / PPO-clip / TIS on a verifiable env")
+    p.add_argument("--env", default="arithmetic", help="arithmetic | tools | code_repair | desktop")
+    p.add_argument("--model", default="tiny-qwen3", help="model preset (tiny-qwen3, tiny-qwen3-moe, ...)")
+    p.add_argument("--algo", default="reinforce_zero", choices=ALGOS)
+    p.add_argument("--kernels", default="aligned", help="learner kernel set (aligned | default)")
+    p.add_argument("--rollout-kernels", default=None, help="engine kernel set (default: same as --kernels)")
+    p.add_argument("--lag", type=int, default=0, help="maximum policy lag k (0 = synchronous), up to 64")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--sft-steps", type=int, default=0, help="supervised warm start on env demonstrations")
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-size", type=int, default=32)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--executor", default="inprocess", choices=EXECUTORS)
+    p.add_argument("--update-mode", default="keep", choices=UPDATE_MODES)
+    p.add_argument("--wandb", action="store_true", help="log to wandb in offline mode")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..rl import RLConfig, train
+
+    try:
+        config = RLConfig(
+            env=args.env, model=args.model, algo=args.algo, kernels=args.kernels,
+            rollout_kernels=args.rollout_kernels, lag=args.lag, steps=args.steps, seed=args.seed,
+            prompts_per_step=args.prompts_per_step, group_size=args.group_size,
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, lr=args.lr, sft_steps=args.sft_steps, eval_every=args.eval_every,
+            eval_size=args.eval_size, checkpoint_every=args.checkpoint_every, executor=args.executor,
+            update_mode=args.update_mode, wandb=args.wandb,
+        )  # fmt: skip
+        summary = train(config, args.out, resume=args.resume, quiet=args.quiet)
+    except (ValueError, FileExistsError, NotImplementedError) as err:
+        print(f"zm train: {err}")
+        return 2
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,145 @@
+"""The Ray executor: a rollout actor and a learner actor running concurrently.
+
+Same lag schedule and same bits as the in-process executor (``loop.Run``): batch b
+is generated with learner weights version v(b) = max(0, b − k). The driver asks the
+rollout actor for batch b as soon as version v(b) exists, so with k >= 1 the rollout
+of batch s+1 overlaps the learner's update on batch s — the source of the async
+speed-up. Each actor gets one CPU and one torch thread; set the in-process run to the
+same thread count (``torch.set_num_threads``) when comparing bits across executors.
+
+Ray 2.60 writes an auth token under ~/.ray unless ``RAY_AUTH_MODE=disabled``; we set it
+before ``ray.init`` (see ``zeromismatch.launch`` for cluster set-up at full scale).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from .. import _provenance
+from ..io import atomic_write_json
+from ..metrics import mismatch
+from .config import RLConfig
+from .learner import Learner, state_snapshot, weights_hash
+from .loop import RolloutWorker, Run, evaluate, run_sft
+
+
+class _RolloutActor:
+    def __init__(self, config_dict: dict, threads: int):
+        torch.set_num_threads(threads)
+        self.worker = RolloutWorker(RLConfig.from_dict(config_dict))
+
+    def generate(self, batch_index: int, version: int, weights: dict):
+        t0 = time.perf_counter()
+        self.worker.set_weights(weights, version)
+        episodes = self.worker.generate(batch_index)
+        return episodes, time.perf_counter() - t0
+
+
+class _LearnerActor:
+    def __init__(self, config_dict: dict, threads: int):
+        torch.set_num_threads(threads)
+        self.config = RLConfig.from_dict(config_dict)
+        torch.manual_seed(self.config.seed)
+        self.learner = Learner(self.config)
+
+    def warm_start(self):
+        losses = run_sft(self.config, self.learner)
+        return losses, evaluate(self.config, self.learner), state_snapshot(self.learner.model)
+
+    def step(self, episodes, snapshot):
+        t0 = time.perf_counter()
+        stats = self.learner.rl_step(episodes, snapshot)
+        return stats, state_snapshot(self.learner.model), time.perf_counter() - t0
+
+    def finish(self):
+        return weights_hash(self.learner.model), evaluate(self.config, self.learner)
+
+
+def init_ray(num_cpus: int = 2) -> None:
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            object_store_memory=256 * 1024 * 1024,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+
+
+class RayRun(Run):
+    """``Run`` with the rollout and the learner in separate Ray actors (no checkpointing:
+    resume a Ray run with the in-process executor from its checkpoints, same bits)."""
+
+    def run(self, resume: bool = False, threads_per_actor: int = 1) -> dict:
+        import ray
+        from tqdm import tqdm
+
+        c = self.config
+        if resume:
+            raise ValueError(
+                "the Ray executor does not checkpoint; use executor='inprocess' for resumable runs"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+        if (self.out / "config.json").exists():
+            raise FileExistsError(f"{self.out} already holds a run; use a new --out")
+        atomic_write_json(self.out / "config.json", c.to_dict())
+        atomic_write_json(self.out / "provenance.json", _provenance.provenance(c.to_dict()))
+        self._truncate_metrics(0)
+        init_ray()
+        rollout = ray.remote(num_cpus=1)(_RolloutActor).remote(c.to_dict(), threads_per_actor)
+        learner = ray.remote(num_cpus=1)(_LearnerActor).remote(c.to_dict(), threads_per_actor)
+        sft_losses, eval_before, weights0 = ray.get(learner.warm_start.remote())
+        versions = {0: ray.put(weights0)}
+        learner_version = 0
+        pending = {}
+        next_batch = 0
+        wall_start = time.perf_counter()
+        bar = tqdm(range(c.steps), disable=self.quiet, desc=f"ray {c.env}/{c.algo}/lag{c.lag}")
+        for step in bar:
+            # request every batch whose weights already exist, keeping at most lag+1 in flight
+            while next_batch < c.steps and c.weight_version_for_batch(next_batch) <= learner_version:
+                v = c.weight_version_for_batch(next_batch)
+                pending[next_batch] = (v, rollout.generate.remote(next_batch, v, versions[v]))
+                next_batch += 1
+            version, ref = pending.pop(step)
+            t_wait = time.perf_counter()
+            episodes, rollout_time = ray.get(ref)
+            waited = time.perf_counter() - t_wait
+            snapshot = versions[version] if version != learner_version else None
+            stats, weights, learner_time = ray.get(learner.step.remote(episodes, snapshot))
+            learner_version += 1
+            versions[learner_version] = ray.put(weights)
+            oldest = c.weight_version_for_batch(step + 1)
+            for v in [v for v in versions if v < oldest]:
+                del versions[v]
+            record = {"step": step, "weight_version": version, "policy_lag": learner_version - 1 - version}
+            record.update(stats)
+            record.update(mismatch.reward_stats(torch.tensor([ep.reward for ep in episodes])))
+            record.update({"time_rollout_s": rollout_time, "time_learner_s": learner_time,
+                           "time_wait_rollout_s": waited})  # fmt: skip
+            self._log(record)
+            bar.set_postfix(reward=f"{record.get('reward_mean', 0):.2f}")
+        wall = time.perf_counter() - wall_start
+        digest, eval_after = ray.get(learner.finish.remote())
+        records = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        summary = {
+            "steps": len(records),
+            "weights_sha256": digest,
+            "eval_pass_at_1_before": eval_before["eval_pass_at_1"],
+            "eval_pass_at_1_after": eval_after["eval_pass_at_1"],
+            "sft_final_loss": sft_losses[-1] if sft_losses else None,
+            "executor": "ray",
+            "time_wall_s": wall,
+            "learner_steps_per_s": len(records) / wall if wall > 0 else None,
+        }
+        atomic_write_json(self.out / "summary.json", summary)
+        for actor in (rollout, learner):
+            ray.kill(actor)
+        return summary

@@ -1,0 +1,115 @@
+"""The typed configuration of one RL run, validated once.
+
+Experiments build these through named functions (``experiments/<name>/configs.py``);
+``zm train`` builds one from flags. ``to_dict``/``from_dict`` round-trip through JSON so a
+run directory's ``config.json`` is enough to rerun or resume it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+ALGOS = ("reinforce_zero", "grpo", "gspo", "ppo_clip", "tis")
+EXECUTORS = ("inprocess", "ray")
+UPDATE_MODES = ("keep", "wait", "abort")
+DTYPES = ("float32", "bfloat16")
+QUANTS = ("none", "fp8", "nvfp4")
+MAX_LAG = 64
+
+
+@dataclass
+class RLConfig:
+    env: str = "arithmetic"
+    model: str = "tiny-qwen3"
+    algo: str = "reinforce_zero"
+    kernels: str = "aligned"  # the learner's kernel set
+    rollout_kernels: str | None = None  # the engine's; None = same as the learner (aligned stack)
+    dtype: str = "float32"
+    quant: str = "none"
+    lag: int = 0  # maximum policy lag k: batch b is generated with weights version max(0, b - k)
+    steps: int = 20
+    prompts_per_step: int = 8
+    group_size: int = 4
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    logprobs_mode: str = "processed"
+    lr: float = 2e-3
+    grad_clip: float = 1.0  # 0 disables clipping; the pre-clip norm is always logged
+    seed: int = 0
+    sft_steps: int = 0  # supervised warm start on env demonstrations before RL
+    sft_batch: int = 16
+    sft_lr: float = 3e-3
+    eval_every: int = 0  # 0: evaluate only before and after RL
+    eval_size: int = 32
+    checkpoint_every: int = 0  # 0: no checkpoints
+    executor: str = "inprocess"
+    update_mode: str = "keep"
+    micro_batch_size: int = 16
+    enable_prefix_caching: bool = True
+    lm_head_precision: str = "fp32"
+    step_latency_s: float = 0.0  # desktop env: injected latency per env step
+    wandb: bool = False
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    algo_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        from ..envs import ENVS
+
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"RLConfig.{name}: {why} (got {getattr(self, name)!r})")
+
+        if self.env not in ENVS:
+            raise bad("env", f"must be one of {sorted(ENVS)}")
+        if self.algo not in ALGOS:
+            raise bad("algo", f"must be one of {ALGOS}")
+        if self.executor not in EXECUTORS:
+            raise bad("executor", f"must be one of {EXECUTORS}")
+        if self.update_mode not in UPDATE_MODES:
+            raise bad("update_mode", f"must be one of {UPDATE_MODES}")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"must be one of {DTYPES}")
+        if self.quant not in QUANTS:
+            raise bad("quant", f"must be one of {QUANTS}")
+        if not isinstance(self.lag, int) or not 0 <= self.lag <= MAX_LAG:
+            raise bad("lag", f"must be an int in [0, {MAX_LAG}]")
+        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "eval_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise bad(name, "must be a positive int")
+        for name in ("sft_steps", "eval_every", "checkpoint_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise bad(name, "must be a non-negative int")
+        if self.group_size < 2 and self.algo in ("reinforce_zero", "grpo", "gspo"):
+            raise bad("group_size", "group baselines need at least 2 responses per prompt")
+        if self.lr <= 0 or self.sft_lr <= 0:
+            raise ValueError(f"RLConfig: learning rates must be > 0 (lr={self.lr}, sft_lr={self.sft_lr})")
+        if self.grad_clip < 0:
+            raise bad("grad_clip", "must be >= 0")
+
+    @property
+    def engine_kernels(self) -> str:
+        return self.rollout_kernels or self.kernels
+
+    def weight_version_for_batch(self, batch_index: int) -> int:
+        """The lag schedule: which learner version generates batch ``batch_index``."""
+        return max(0, batch_index - self.lag)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RLConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"RLConfig: unknown field(s) {unknown}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> RLConfig:
+        return dataclasses.replace(self, **changes)

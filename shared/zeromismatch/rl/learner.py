@@ -1,0 +1,177 @@
+"""The learner: trainer-side model, optimizer, SFT warm start and one RL update.
+
+An RL update recomputes the logprobs of every model-written token with the trainer
+path (``train.logprobs.compute_logprobs``: packed full sequences, micro-batches of its
+own choosing), under the *current* learner weights and with autograd. The loss (one
+of ``train.losses``) divides by the rollout engine's recorded logprobs for the
+importance weights. For the mismatch metrics it also recomputes, without gradient,
+the logprobs under the weights that generated the batch (the "rollout version"):
+``trainer(rollout version) − rollout`` is the kernel mismatch (exactly zero with an
+aligned stack), ``trainer(now) − trainer(rollout version)`` the weight lag.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from ..engine import SamplingParams
+from ..metrics import mismatch
+from ..train.logprobs import compute_logprobs
+from ..train.losses import PolicyBatch, compute_loss
+from .config import RLConfig
+from .rollout import Episode
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_policy(config: RLConfig, kernels: str, seed: int):
+    """The run's model: the preset with the shared tokenizer's vocabulary (+ overrides)."""
+    from ..envs import default_tokenizer
+    from ..models import build_model, preset_dict, quantize_model
+
+    hf = preset_dict(config.model)
+    hf["vocab_size"] = default_tokenizer().vocab_size
+    hf.update(config.model_overrides)
+    model = build_model(hf, kernels=kernels, dtype=DTYPES[config.dtype], seed=seed)
+    if config.quant != "none":
+        quantize_model(model, config.quant)
+    return model
+
+
+def sampling_params(config: RLConfig) -> SamplingParams:
+    return SamplingParams(
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        max_tokens=config.max_new_tokens,
+        logprobs_mode=config.logprobs_mode,
+    )
+
+
+def state_snapshot(model) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict_hf().items()}
+
+
+def weights_hash(model) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict_hf().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class Learner:
+    def __init__(self, config: RLConfig, model=None):
+        self.config = config
+        self.model = model if model is not None else build_policy(config, config.kernels, config.seed)
+        self.version = 0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.0)
+        # the shadow model evaluates the rollout version's weights for the mismatch decomposition
+        self._shadow = None
+
+    # ---- supervised warm start ------------------------------------------------------------------
+    def sft_step(self, data: list[tuple[list[int], list[int], list[bool]]], lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        prompts, responses, masks = zip(*data)
+        logprobs = compute_logprobs(
+            self.model, prompts, responses, logprobs_mode="raw",
+            micro_batch_size=self.config.micro_batch_size, requires_grad=True,
+        )  # fmt: skip
+        per_seq = [-(lp[torch.tensor(m)]).mean() for lp, m in zip(logprobs, masks)]
+        loss = torch.stack(per_seq).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self._clip()
+        self.optimizer.step()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr
+        return float(loss.detach())
+
+    # ---- one RL update --------------------------------------------------------------------------
+    def _recompute(self, model, episodes: list[Episode], requires_grad: bool) -> list[torch.Tensor]:
+        params = sampling_params(self.config)
+        return compute_logprobs(
+            model,
+            [ep.prompt_ids for ep in episodes],
+            [ep.response_ids for ep in episodes],
+            [params] * len(episodes),
+            micro_batch_size=self.config.micro_batch_size,
+            requires_grad=requires_grad,
+        )
+
+    def _at_version(self, snapshot: dict[str, torch.Tensor] | None, episodes: list[Episode]):
+        if snapshot is None:
+            return None
+        if self._shadow is None:
+            self._shadow = copy.deepcopy(self.model)
+        self._shadow.load_state_dict_hf(snapshot)
+        with torch.no_grad():
+            return self._recompute(self._shadow, episodes, requires_grad=False)
+
+    def _clip(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = mismatch.pre_clip_grad_norm(params)
+        if self.config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
+        return norm
+
+    def rl_step(self, episodes: list[Episode], rollout_snapshot: dict[str, torch.Tensor] | None) -> dict:
+        """One optimizer step on ``episodes``. ``rollout_snapshot`` holds the weights that generated
+        them when they differ from the learner's current weights (lag > 0), else None."""
+        episodes = [ep for ep in episodes if ep.num_model_tokens > 0]
+        if not episodes:
+            raise RuntimeError("no episode in the batch has a model-written token")
+        learner_now = self._recompute(self.model, episodes, requires_grad=True)
+        learner_then = self._at_version(rollout_snapshot, episodes)
+        if learner_then is None:
+            learner_then = [lp.detach() for lp in learner_now]
+
+        length = max(len(ep.response_ids) for ep in episodes)
+        batch = len(episodes)
+        learner_rows = []
+        rollout = torch.zeros(batch, length)
+        then = torch.zeros(batch, length)
+        mask = torch.zeros(batch, length, dtype=torch.bool)
+        versions = torch.full((batch, length), -1, dtype=torch.int64)
+        for i, ep in enumerate(episodes):
+            n = len(ep.response_ids)
+            m = torch.tensor(ep.model_mask)
+            learner_rows.append(torch.cat([learner_now[i], learner_now[i].new_zeros(length - n)]))
+            rollout[i, :n] = torch.tensor([0.0 if math.isnan(x) else x for x in ep.rollout_logprobs])
+            then[i, :n] = learner_then[i].detach()
+            mask[i, :n] = m
+            versions[i, :n] = torch.tensor(ep.versions)
+        learner = torch.stack(learner_rows).float()
+        policy = PolicyBatch(
+            learner_logprobs=learner,
+            rollout_logprobs=rollout,
+            mask=mask,
+            rewards=torch.tensor([ep.reward for ep in episodes]),
+            group_ids=torch.tensor([ep.group_id for ep in episodes]),
+        )
+        out = compute_loss(self.config.algo, policy, **self.config.algo_options)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self.version += 1
+
+        kernel = mismatch.logprob_diff_stats(rollout[mask], then[mask])
+        stats = {f"kernel_{k}": v for k, v in kernel.items()}
+        stats.update({k: kernel[k] for k in ("diff_max", "diff_mean", "diff_std", "k3_kl")})
+        stats.update(mismatch.is_weight_stats(learner.detach()[mask], rollout[mask]))
+        gap = mismatch.decompose_logprob_gap(learner.detach()[mask], then[mask], rollout[mask])
+        stats.update({f"gap_{k}": v for k, v in gap.stats().items()})
+        lag = mismatch.lag_stats(versions[mask], self.version - 1)
+        stats.update({k: v for k, v in lag.items() if k.startswith("lag_")})
+        stats.update({f"loss_{k}": v for k, v in out.stats.items()})
+        stats["loss"] = float(out.loss.detach())
+        stats["grad_norm_preclip"] = grad_norm
+        stats["tokens"] = int(mask.sum())
+        return stats

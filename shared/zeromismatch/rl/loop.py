@@ -1,0 +1,307 @@
+"""RL training loops: synchronous on-policy and asynchronous with policy lag up to 64.
+
+The lag schedule is explicit and deterministic: learner step s trains on batch s,
+which the rollout worker generated with learner weights version v(s) = max(0, s − k)
+(k = ``config.lag``; k = 0 is synchronous on-policy). So the policy lag of batch s is
+min(s, k). The in-process executor runs the schedule sequentially; the Ray executor
+(``actors.py``) runs rollout and learner concurrently — batch s+1 is generated while
+the learner trains on batch s — and produces the same bits, because every batch is a
+function of (weights v(b), batch index, seed) only.
+
+Per step the learner logs the mismatch metrics of ``docs/metrics.md``: kernel mismatch
+(trainer at the rollout version vs the engine's recorded logprobs: exactly 0 with an
+aligned stack), IS-weight peak/median, the weight-lag vs kernel decomposition, lag
+statistics, loss statistics, pre-clip gradient norm and reward.
+
+Launch: ``zm train --env arithmetic --model tiny-qwen3 --algo reinforce_zero --lag 8 --steps 50 --out runs/x``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from .. import _provenance
+from ..io import atomic_write_json, atomic_write_text
+from ..metrics import mismatch
+from ..train import checkpoint as ckpt
+from .config import RLConfig
+from .learner import Learner, build_policy, state_snapshot, weights_hash
+from .rollout import collect_episodes, demonstration_tokens
+
+_CRASH_AFTER_STEP_ENV = "ZM_CRASH_AFTER_STEP"  # tests: simulate a kill after a step is logged
+TIMING_PREFIX = "time_"  # metrics that legitimately differ between identical runs
+
+
+class RolloutWorker:
+    """Owns the rollout engine and the weight version it serves."""
+
+    def __init__(self, config: RLConfig):
+        from ..engine import LLM
+
+        self.config = config
+        model = build_policy(config, config.engine_kernels, config.seed)
+        self.engine = LLM(
+            model,
+            kernels=config.engine_kernels,
+            max_num_seqs=max(8, config.prompts_per_step * config.group_size),
+            max_num_batched_tokens=2048,
+            enable_prefix_caching=config.enable_prefix_caching,
+            lm_head_precision=config.lm_head_precision,
+        )
+        # -1: the engine holds the seed init, not yet any learner version (SFT may have moved version 0)
+        self.version = -1
+        self._engine_to_learner: dict[int, int] = {}
+
+    def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        if version == self.version:
+            return
+        self.engine.update_weights(weights, mode=self.config.update_mode)
+        self._engine_to_learner[self.engine.weight_version] = version
+        self.version = version
+
+    def generate(self, batch_index: int, split: str = "train", greedy: bool = False, seeds=None):
+        c = self.config
+        task_seeds = seeds if seeds is not None else task_seeds_for_batch(c, batch_index)
+        episodes = collect_episodes(
+            self.engine,
+            c.env,
+            task_seeds,
+            1 if greedy else c.group_size,
+            batch_index=batch_index,
+            run_seed=c.seed,
+            temperature=0.0 if greedy else c.temperature,
+            top_k=c.top_k,
+            top_p=c.top_p,
+            max_new_tokens=c.max_new_tokens,
+            logprobs_mode=c.logprobs_mode,
+            split=split,
+            env_options=env_options(c),
+        )
+        for ep in episodes:
+            ep.versions = [self._engine_to_learner.get(v, v) if v >= 0 else v for v in ep.versions]
+        return episodes
+
+
+def env_options(config: RLConfig) -> dict:
+    return {"step_latency_s": config.step_latency_s} if config.env == "desktop" else {}
+
+
+def task_seeds_for_batch(config: RLConfig, batch_index: int) -> list[int]:
+    start = batch_index * config.prompts_per_step
+    return list(range(start, start + config.prompts_per_step))
+
+
+def evaluate(config: RLConfig, learner: Learner) -> dict:
+    """Greedy pass@1 on the first ``eval_size`` eval-split tasks under the learner's weights."""
+    import copy
+
+    from ..engine import LLM
+
+    engine = LLM(copy.deepcopy(learner.model), kernels=config.engine_kernels, max_num_seqs=64)
+    start = time.perf_counter()
+    episodes = collect_episodes(
+        engine, config.env, list(range(config.eval_size)), 1, batch_index=0, run_seed=config.seed,
+        temperature=0.0, max_new_tokens=config.max_new_tokens, split="eval", env_options=env_options(config),
+    )  # fmt: skip
+    rewards = [ep.reward for ep in episodes]
+    return {
+        "eval_pass_at_1": sum(r == 1.0 for r in rewards) / len(rewards),
+        "eval_reward_mean": sum(rewards) / len(rewards),
+        "time_eval_s": time.perf_counter() - start,
+    }
+
+
+def run_sft(config: RLConfig, learner: Learner, progress=None) -> list[float]:
+    losses = []
+    for step in range(config.sft_steps):
+        data = demonstration_tokens(config.env, config.sft_batch, seed=step * config.sft_batch,
+                                    env_options={})  # fmt: skip
+        losses.append(learner.sft_step(data, config.sft_lr))
+        if progress is not None:
+            progress(f"sft {step + 1}/{config.sft_steps} loss {losses[-1]:.3f}")
+    return losses
+
+
+class WeightHistory:
+    """Snapshots of learner weights by version, kept while a future batch may still need them."""
+
+    def __init__(self):
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+
+    def put(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        self.snapshots[version] = weights
+
+    def get(self, version: int) -> dict[str, torch.Tensor]:
+        if version not in self.snapshots:
+            raise KeyError(f"weights of version {version} were not kept (have {sorted(self.snapshots)})")
+        return self.snapshots[version]
+
+    def prune(self, oldest_needed: int) -> None:
+        for version in [v for v in self.snapshots if v < oldest_needed]:
+            del self.snapshots[version]
+
+
+class Run:
+    """One training run writing to ``out_dir``: metrics.jsonl, summary.json, provenance.json,
+    config.json, checkpoints/ — resumable from its last checkpoint."""
+
+    def __init__(self, config: RLConfig, out_dir: str | os.PathLike, quiet: bool = False):
+        if config.quant != "none":
+            raise NotImplementedError(
+                "RL with quantized weights needs a master-weight/fake-quant learner; use `zm parity --quant` "
+                "for FP8/NVFP4 parity. RLConfig.quant must be 'none' for training."
+            )
+        self.config = config
+        self.out = Path(out_dir)
+        self.quiet = quiet
+        self.metrics_path = self.out / "metrics.jsonl"
+        self.ckpt_dir = self.out / "checkpoints"
+
+    # ---- bookkeeping ----------------------------------------------------------------------------
+    def _log(self, record: dict) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _truncate_metrics(self, keep_before_step: int) -> None:
+        if not self.metrics_path.exists():
+            return
+        kept = [
+            line for line in self.metrics_path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", -1) < keep_before_step
+        ]  # fmt: skip
+        atomic_write_text(self.metrics_path, "".join(line + "\n" for line in kept))
+
+    def _save(self, step: int, learner: Learner, history: WeightHistory, extra: dict) -> None:
+        state = {
+            "model": state_snapshot(learner.model),
+            "optimizer": learner.optimizer.state_dict(),
+            "learner_version": learner.version,
+            "history": history.snapshots,
+            "rng": ckpt.capture_rng_state(),
+            "extra": extra,
+        }
+        ckpt.save_checkpoint(self.ckpt_dir, step, state, {"config": self.config.to_dict()})
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> dict:
+        from tqdm import tqdm
+
+        c = self.config
+        torch.manual_seed(c.seed)
+        self.out.mkdir(parents=True, exist_ok=True)
+        config_path = self.out / "config.json"
+        if config_path.exists() and not resume:
+            raise FileExistsError(f"{self.out} already holds a run; pass --resume or choose a new --out")
+        if resume and config_path.exists():
+            saved = json.loads(config_path.read_text())
+            if saved != c.to_dict():
+                raise ValueError(f"{config_path} differs from the config given; resume needs the same config")
+        atomic_write_json(config_path, c.to_dict())
+        atomic_write_json(self.out / "provenance.json", _provenance.provenance(c.to_dict()))
+
+        learner = Learner(c)
+        history = WeightHistory()
+        start_step, extra = 0, {}
+        latest = ckpt.latest_checkpoint(self.ckpt_dir) if resume else None
+        if latest is not None:
+            state = ckpt.load_checkpoint(latest).state
+            learner.model.load_state_dict_hf(state["model"])
+            learner.optimizer.load_state_dict(state["optimizer"])
+            learner.version = state["learner_version"]
+            history.snapshots = state["history"]
+            ckpt.restore_rng_state(state["rng"])
+            extra = state["extra"]
+            start_step = extra["next_step"]
+            self._truncate_metrics(start_step)
+        else:
+            self._truncate_metrics(0)
+            sft_losses = run_sft(c, learner)
+            extra = {"sft_losses": sft_losses, "eval_before": evaluate(c, learner)}
+            history.put(0, state_snapshot(learner.model))
+
+        worker = RolloutWorker(c)
+        wandb_run = _maybe_wandb(c, self.out)
+        bar = tqdm(range(start_step, c.steps), disable=self.quiet, desc=f"{c.env}/{c.algo}/lag{c.lag}")
+        for step in bar:
+            version = c.weight_version_for_batch(step)
+            t0 = time.perf_counter()
+            worker.set_weights(history.get(version), version)
+            episodes = worker.generate(step)
+            t1 = time.perf_counter()
+            snapshot = history.get(version) if version != learner.version else None
+            stats = learner.rl_step(episodes, snapshot)
+            t2 = time.perf_counter()
+            history.put(learner.version, state_snapshot(learner.model))
+            history.prune(c.weight_version_for_batch(step + 1))
+            rewards = torch.tensor([ep.reward for ep in episodes])
+            record = {"step": step, "weight_version": version, "policy_lag": learner.version - 1 - version}
+            record.update(stats)
+            record.update(mismatch.reward_stats(rewards))
+            record.update({"time_rollout_s": t1 - t0, "time_learner_s": t2 - t1})
+            if c.eval_every and (step + 1) % c.eval_every == 0 and step + 1 < c.steps:
+                record.update(evaluate(c, learner))
+            self._log(record)
+            if wandb_run is not None:
+                wandb_run.log(record, step=step)
+            bar.set_postfix(reward=f"{record.get('reward_mean', 0):.2f}", kl=f"{record['k3_kl']:.1e}")
+            if os.environ.get(_CRASH_AFTER_STEP_ENV) == str(step):
+                os._exit(13)
+            if c.checkpoint_every and (step + 1) % c.checkpoint_every == 0:
+                self._save(step + 1, learner, history, {**extra, "next_step": step + 1})
+
+        summary = self._summary(learner, extra)
+        atomic_write_json(self.out / "summary.json", summary)
+        if wandb_run is not None:
+            wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+            wandb_run.finish()
+        return summary
+
+    def _summary(self, learner: Learner, extra: dict) -> dict:
+        records = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        after = evaluate(self.config, learner)
+        keys = ("diff_max", "diff_mean", "diff_std", "k3_kl")
+        summary = {
+            "steps": len(records),
+            "weights_sha256": weights_hash(learner.model),
+            "eval_pass_at_1_before": extra["eval_before"]["eval_pass_at_1"],
+            "eval_pass_at_1_after": after["eval_pass_at_1"],
+            "sft_final_loss": extra["sft_losses"][-1] if extra.get("sft_losses") else None,
+        }
+        for key in keys:
+            values = [r[key] for r in records]
+            summary[f"{key}_max_over_steps"] = max(values) if values else None
+        summary["steps_with_zero_mismatch"] = sum(all(r[k] == 0.0 for k in keys) for r in records)
+        summary["is_peak_over_median_max"] = max((r["peak_over_median"] for r in records), default=None)
+        summary["grad_norm_preclip_max"] = max((r["grad_norm_preclip"] for r in records), default=None)
+        rewards = [r["reward_mean"] for r in records]
+        head = rewards[: max(1, len(rewards) // 5)]
+        tail = rewards[-max(1, len(rewards) // 5):]
+        summary["reward_mean_first_fifth"] = sum(head) / len(head) if head else None
+        summary["reward_mean_last_fifth"] = sum(tail) / len(tail) if tail else None
+        summary["time_total_s"] = sum(r["time_rollout_s"] + r["time_learner_s"] for r in records)
+        return summary
+
+
+def _maybe_wandb(config: RLConfig, out: Path):
+    if not config.wandb:
+        return None
+    os.environ.setdefault("WANDB_MODE", "offline")
+    import wandb
+
+    return wandb.init(project="zeromismatch", dir=str(out), config=config.to_dict(), mode="offline")
+
+
+def train(config: RLConfig, out_dir, resume: bool = False, quiet: bool = False) -> dict:
+    """Run (or resume) a training run; returns its summary."""
+    if config.executor == "ray":
+        from .actors import RayRun
+
+        return RayRun(config, out_dir, quiet=quiet).run(resume=resume)
+    return Run(config, out_dir, quiet=quiet).run(resume=resume)

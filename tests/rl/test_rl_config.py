@@ -1,0 +1,42 @@
+"""RLConfig: one clear error per bad field; the lag schedule is what the docs say."""
+
+from __future__ import annotations
+
+import pytest
+from zeromismatch.rl import RLConfig
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("env", "chess", "RLConfig.env"),
+        ("algo", "dpo", "RLConfig.algo"),
+        ("lag", 65, "RLConfig.lag"),
+        ("lag", -1, "RLConfig.lag"),
+        ("steps", 0, "RLConfig.steps"),
+        ("executor", "spark", "RLConfig.executor"),
+        ("update_mode", "yolo", "RLConfig.update_mode"),
+        ("group_size", 1, "RLConfig.group_size"),
+    ],
+)
+def test_bad_field_is_named(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        RLConfig(**{field: value})
+
+
+def test_unknown_field_in_dict_is_named():
+    with pytest.raises(ValueError, match="unknown field"):
+        RLConfig.from_dict({"env": "arithmetic", "learning_rate": 1.0})
+
+
+@pytest.mark.parametrize("lag", [0, 1, 8, 64])
+def test_lag_schedule(lag):
+    config = RLConfig(lag=lag, steps=100)
+    for batch in range(100):
+        version = config.weight_version_for_batch(batch)
+        assert batch - version == min(batch, lag)
+
+
+def test_round_trip():
+    config = RLConfig(env="tools", lag=8, algo_options={"cap": 2.0})
+    assert RLConfig.from_dict(config.to_dict()) == config
