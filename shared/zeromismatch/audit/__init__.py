@@ -1,0 +1,32 @@
+"""zeromismatch.audit: published claims vs reproduced results.
+
+- :mod:`.registry` loads and validates ``results/published/<experiment>.json`` (JSON Schema + checks);
+- :mod:`.runs` reads reproduced run directories and benchmark files;
+- :mod:`.verdicts` judges each claim from that data alone (five verdicts, see its docstring);
+- :mod:`.figures`, :mod:`.report`, :mod:`.html` draw the figures and write REPORT.md / report.html.
+
+Entry points: ``zm audit`` (table, ``--strict``) and ``python paper_figures/make_all.py``.
+"""
+
+from .registry import AuditInputError, Registry, default_results_root, load_registry
+from .verdicts import VERDICTS, Verdict, evaluate_all, evaluate_claim, strict_regressions
+
+__all__ = [
+    "AuditInputError",
+    "Registry",
+    "VERDICTS",
+    "Verdict",
+    "build_all",
+    "default_results_root",
+    "evaluate_all",
+    "evaluate_claim",
+    "load_registry",
+    "strict_regressions",
+]
+
+
+def build_all(results_root=None, *, quiet: bool = False):
+    """See :func:`zeromismatch.audit.report.build_all` (imported lazily: it pulls in matplotlib)."""
+    from .report import build_all as _build_all
+
+    return _build_all(results_root, quiet=quiet)

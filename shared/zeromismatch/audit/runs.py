@@ -1,0 +1,380 @@
+"""Reproduced data: run directories, benchmark files, and the operands claims read from them.
+
+Layout (written by experiments and benchmarks, only read here). A *data dir* holds
+``metrics.jsonl`` (one JSON object per step), ``summary.json`` (a dict of named measured values)
+and ``provenance.json``. Under ``results/reproduced/<experiment>/<scale>/`` the audit considers,
+as *candidates* for judging a claim:
+
+1. each ``<run>/`` (newest name first): its own files, and any ``<run>/<arm>/`` data dirs;
+2. the scale directory itself, whose data-dir children are taken as arms (for experiments that
+   write one run per arm, e.g. ``mini/aligned/`` and ``mini/default/``, as zeromismatch.rl does).
+
+Claims are judged at scales ``full`` then ``mini`` (``JUDGED_SCALES``); smoke runs are plumbing
+checks and judge nothing unless a claim's test lists ``smoke``.
+
+An operand for arm A is read from a candidate's own files as key ``A.<key>`` (or, in metrics
+records with ``"arm": "A"``, key ``<key>``), else from its arm data dir ``A/`` as ``<key>``.
+Benchmarks are ``results/reproduced/benchmarks/<name>.json`` (a dict; provenance inside it or in
+``<name>.provenance.json``). Missing data raises :class:`MissingData` (the claim is then not-run);
+malformed data raises :class:`AuditInputError` naming the file, never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .registry import AuditInputError, read_json
+
+SCALES = ("full", "mini", "smoke")
+# Smoke runs check plumbing in seconds; a claim is judged on them only if its test lists "smoke".
+JUDGED_SCALES = ("full", "mini")
+BENCHMARKS_DIR = "benchmarks"
+DEFAULT_WINDOW = 0.1
+_DATA_FILES = ("summary.json", "metrics.jsonl")
+
+
+class MissingData(LookupError):
+    """The data a claim needs is not there (yet)."""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _has_data(path: Path) -> bool:
+    return any((path / name).exists() for name in _DATA_FILES)
+
+
+@dataclass
+class DataDir:
+    """One directory of run files; each file is parsed on first use."""
+
+    results_root: Path
+    path: Path
+    _summary: dict | None = None
+    _records: list[dict] | None = None
+    _provenance: dict | None = None
+
+    @property
+    def rel(self) -> str:
+        return self.path.relative_to(self.results_root).as_posix() + "/"
+
+    @property
+    def summary(self) -> dict:
+        if self._summary is None:
+            path = self.path / "summary.json"
+            data = read_json(path, "summary.json") if path.exists() else {}
+            if not isinstance(data, dict):
+                raise AuditInputError(f"malformed summary.json {path}: expected a JSON object")
+            self._summary = data
+        return self._summary
+
+    @property
+    def records(self) -> list[dict]:
+        if self._records is None:
+            self._records = load_metrics(self.path / "metrics.jsonl")
+        return self._records
+
+    @property
+    def provenance(self) -> dict:
+        if self._provenance is None:
+            path = self.path / "provenance.json"
+            data = read_json(path, "provenance.json") if path.exists() else {}
+            if not isinstance(data, dict):
+                raise AuditInputError(f"malformed provenance.json {path}: expected a JSON object")
+            self._provenance = data
+        return self._provenance
+
+    def check(self) -> None:
+        """Parse every file now, so a malformed one fails loudly even if no claim reads it."""
+        _ = self.summary, self.records, self.provenance
+
+
+@dataclass
+class Run:
+    """A candidate for judging claims: own files and/or arm data dirs."""
+
+    results_root: Path
+    path: Path
+    experiment: str
+    scale: str
+    own: DataDir | None
+    arms: dict[str, DataDir] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def rel(self) -> str:
+        return self.path.relative_to(self.results_root).as_posix() + "/"
+
+    @property
+    def is_scale_group(self) -> bool:
+        return self.path.parent.name == self.experiment
+
+    def data_dirs(self) -> list[DataDir]:
+        return ([self.own] if self.own else []) + list(self.arms.values())
+
+
+def load_metrics(path: Path) -> list[dict]:
+    """Read ``metrics.jsonl``: one JSON object per non-empty line; NaN/Infinity allowed."""
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise AuditInputError(f"cannot read metrics.jsonl {path}: {err}") from err
+    records = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise AuditInputError(f"malformed metrics.jsonl {path}: line {lineno}: {err.msg}") from err
+        if not isinstance(record, dict):
+            raise AuditInputError(f"malformed metrics.jsonl {path}: line {lineno} is not a JSON object")
+        records.append(record)
+    return records
+
+
+def _subdirs(path: Path) -> list[Path]:
+    return sorted((p for p in path.iterdir() if p.is_dir()), key=lambda p: p.name)
+
+
+def all_runs(results_root: Path, experiment: str) -> list[Run]:
+    """Every candidate of an experiment at every scale: runs (name descending), then the scale group.
+
+    Data dirs are shared between a run and the scale group, so each file is parsed once.
+    """
+    base = results_root / "reproduced" / experiment
+    if not base.is_dir():
+        return []
+    runs = []
+    for scale_dir in _subdirs(base):
+        group_arms: dict[str, DataDir] = {}
+        for run_dir in reversed(_subdirs(scale_dir)):
+            own = DataDir(results_root, run_dir) if _has_data(run_dir) else None
+            arms = {sub.name: DataDir(results_root, sub) for sub in _subdirs(run_dir) if _has_data(sub)}
+            if own or arms:
+                runs.append(Run(results_root, run_dir, experiment, scale_dir.name, own, arms))
+            if own:
+                group_arms[run_dir.name] = own
+        if group_arms:
+            arms = dict(sorted(group_arms.items()))
+            runs.append(Run(results_root, scale_dir, experiment, scale_dir.name, None, arms))
+    return runs
+
+
+def order_runs(runs: list[Run], scales: tuple[str, ...] | list[str] = SCALES) -> list[Run]:
+    """Candidates at the given scales, by ``scales`` order; within a scale, the order of all_runs.
+
+    Run names sort newest first (name order, not mtime, so every clone chooses alike); the scale
+    group comes last.
+    """
+    rank = {scale: index for index, scale in enumerate(scales)}
+    return sorted((run for run in runs if run.scale in rank), key=lambda run: rank[run.scale])
+
+
+def discover_runs(results_root: Path, experiment: str, scales=SCALES) -> list[Run]:
+    return order_runs(all_runs(results_root, experiment), scales)
+
+
+@dataclass
+class Benchmark:
+    results_root: Path
+    name: str
+    path: Path
+    data: dict
+    provenance: dict
+    provenance_rel: str | None = None  # where the provenance came from, relative to the results root
+
+    @property
+    def rel(self) -> str:
+        return self.path.relative_to(self.results_root).as_posix()
+
+
+def load_benchmark(results_root: Path, name: str) -> Benchmark | None:
+    path = results_root / "reproduced" / BENCHMARKS_DIR / f"{name}.json"
+    if not path.exists():
+        return None
+    data = read_json(path, "benchmark file")
+    if not isinstance(data, dict):
+        raise AuditInputError(f"malformed benchmark file {path}: expected a JSON object")
+    provenance = data.get("provenance")
+    where = path.relative_to(results_root).as_posix() if isinstance(provenance, dict) else None
+    side = path.with_name(f"{name}.provenance.json")
+    if not isinstance(provenance, dict) and side.exists():
+        provenance = read_json(side, "provenance.json")
+        where = side.relative_to(results_root).as_posix()
+    if not isinstance(provenance, dict):
+        provenance, where = {}, None
+    return Benchmark(results_root, name, path, data, provenance, where)
+
+
+def lookup_key(data: dict, key: str, where: str) -> float:
+    """A number from a dict by literal key, else by dotted path into nested dicts."""
+    if key in data:
+        value = data[key]
+    else:
+        value = data
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise MissingData(f"{where} has no key {key!r}")
+            value = value[part]
+    if value is None:
+        raise MissingData(f"{where} has {key!r} = null")
+    if not _is_number(value):
+        raise AuditInputError(f"malformed {where}: key {key!r} should be a number, got {value!r}")
+    return float(value)
+
+
+def _record_value(record: dict, keys: list[str], path: Path, index: int):
+    """Sum of ``keys`` in one record (one key: its value); None if any is absent or null."""
+    total = 0.0
+    for key in keys:
+        value = record.get(key)
+        if value is None:
+            return None
+        if not _is_number(value):
+            raise AuditInputError(
+                f"malformed metrics.jsonl {path}: record {index + 1} key {key!r} should be a number, "
+                f"got {value!r}"
+            )
+        total += float(value)
+    return total
+
+
+def metric_series(data: DataDir, metric: str, arm: str | None, prefixed: bool) -> list[tuple[int, float]]:
+    """``(step, value)`` pairs in file order. ``metric`` may be ``a+b`` (per-record sum).
+
+    prefixed=True: read arm A as keys ``A.<m>`` or records with ``"arm": "A"``; False: plain keys.
+    """
+    names = metric.split("+")
+    path = data.path / "metrics.jsonl"
+    series = []
+    for index, record in enumerate(data.records):
+        value = None
+        if prefixed and arm:
+            value = _record_value(record, [f"{arm}.{n}" for n in names], path, index)
+            if value is None and record.get("arm") == arm:
+                value = _record_value(record, names, path, index)
+        else:
+            value = _record_value(record, names, path, index)
+        if value is None:
+            continue
+        step = record.get("step", index)
+        series.append((int(step) if _is_number(step) else index, value))
+    return series
+
+
+@dataclass
+class Resolved:
+    """A measured number (or, for agg 'all', every step's number) and where it was read."""
+
+    label: str
+    value: float
+    values: list[float] | None = None  # only for agg 'all'
+    steps: int | None = None  # how many step records fed it (metric operands)
+    source: str = ""  # e.g. "reproduced/x/mini/r/metrics.jsonl default.k3_kl tail_mean of 12 of 120 steps"
+    data: DataDir | None = None
+
+
+def operand_label(operand: dict) -> str:
+    if "label" in operand:
+        return operand["label"]
+    arm = f"{operand['arm']}." if operand.get("arm") else ""
+    if "summary" in operand:
+        text = f"summary {arm}{operand['summary']}"
+    elif "benchmark_key" in operand:
+        text = f"benchmark {operand['benchmark_key']}"
+    else:
+        text = f"{arm}{operand['metric']} ({operand['agg']})"
+    if "abs_dev_from" in operand:
+        text = f"|{text} - {operand['abs_dev_from']:g}|"
+    return text
+
+
+def _aggregate(values: list[float], agg: str, window: float) -> float:
+    array = np.asarray(values, dtype=np.float64)
+    if agg == "count":
+        return float(array.size)
+    if agg == "count_nonfinite":
+        return float(np.count_nonzero(~np.isfinite(array)))
+    if agg == "first":
+        return float(array[0])
+    if agg == "last":
+        return float(array[-1])
+    if agg in ("head_mean", "tail_mean"):
+        width = max(1, math.ceil(window * array.size))
+        part = array[:width] if agg == "head_mean" else array[-width:]
+        return float(np.mean(part))
+    reducer = {"min": np.min, "max": np.max, "mean": np.mean, "median": np.median}[agg]
+    return float(reducer(array))
+
+
+def _places(run: Run, arm: str | None) -> list[tuple[DataDir, bool]]:
+    """Where an operand may be read: (data dir, keys prefixed by arm?) in order of preference."""
+    places = [(run.own, True)] if run.own else []
+    if arm and arm in run.arms:
+        places.append((run.arms[arm], False))
+    return places
+
+
+def _resolve_summary(operand: dict, run: Run, label: str) -> Resolved:
+    arm, key = operand.get("arm"), operand["summary"]
+    for data, prefixed in _places(run, arm):
+        name = f"{arm}.{key}" if arm and prefixed else key
+        try:
+            value = lookup_key(data.summary, name, f"summary.json {data.path / 'summary.json'}")
+        except MissingData:
+            continue
+        return Resolved(label, value, source=f"{data.rel}summary.json {name}", data=data)
+    raise MissingData(f"{run.rel} records no summary key {(arm + '.') if arm else ''}{key}")
+
+
+def _resolve_metric(operand: dict, run: Run, label: str) -> Resolved:
+    metric, arm, agg = operand["metric"], operand.get("arm"), operand["agg"]
+    for data, prefixed in _places(run, arm):
+        series = metric_series(data, metric, arm, prefixed)
+        if not series:
+            continue
+        values = [value for _, value in series]
+        name = f"{arm}.{metric}" if arm and prefixed else metric
+        window = operand.get("window", DEFAULT_WINDOW)
+        detail = f"{agg} over {len(values)} steps"
+        if agg in ("head_mean", "tail_mean"):
+            detail = f"{agg} of {max(1, math.ceil(window * len(values)))} of {len(values)} steps"
+        if agg == "all":
+            value = float(np.max(np.abs(values)))
+            resolved = Resolved(label, value, values=values, steps=len(values), data=data)
+        else:
+            resolved = Resolved(label, _aggregate(values, agg, window), steps=len(values), data=data)
+        resolved.source = f"{data.rel}metrics.jsonl {name} {detail}"
+        return resolved
+    raise MissingData(f"{run.rel} has no metrics series {(arm + '.') if arm else ''}{metric}")
+
+
+def resolve_operand(operand: dict, run: Run | None = None, benchmark: Benchmark | None = None) -> Resolved:
+    """Measure one operand; raises MissingData when the run or benchmark does not record it."""
+    label = operand_label(operand)
+    if "benchmark_key" in operand:
+        if benchmark is None:
+            raise MissingData("no benchmark file")
+        value = lookup_key(benchmark.data, operand["benchmark_key"], f"benchmark file {benchmark.path}")
+        resolved = Resolved(label, value, source=f"{benchmark.rel} {operand['benchmark_key']}")
+    elif run is None:
+        raise MissingData("no run")
+    elif "summary" in operand:
+        resolved = _resolve_summary(operand, run, label)
+    else:
+        resolved = _resolve_metric(operand, run, label)
+    if "abs_dev_from" in operand:
+        resolved.value = abs(resolved.value - operand["abs_dev_from"])
+    return resolved

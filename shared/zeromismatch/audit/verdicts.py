@@ -1,0 +1,273 @@
+"""Verdicts: each published claim against what this repository measured, decided from data only.
+
+For a claim with ``out_of_reach`` the verdict is ``out-of-reach`` (with what it needs). Otherwise
+its ``test`` picks data: a benchmark file, or the first run (scale preference, then newest name)
+that records every operand the test names. With no such data: ``not-run`` plus the command that
+would produce it. With data:
+
+- every ``exact_zero`` operand must be exactly 0 (for ``agg: all``: at every step, and on at least
+  ``min_steps`` steps) -- compared with ``== 0``, never a tolerance;
+- every ``check`` (lhs op rhs) must hold; NaN never satisfies a comparison.
+
+All hold -> ``reproduced-exact`` (rule ``exact``) or ``reproduced-direction`` (rule ``direction``);
+anything fails -> ``not-reproduced``, with the failing parts and their measured values. No value is
+ever filled in: a verdict carries only numbers read from the files it links to.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .registry import Registry, iter_operands
+from .runs import (
+    JUDGED_SCALES,
+    Benchmark,
+    MissingData,
+    Resolved,
+    Run,
+    all_runs,
+    load_benchmark,
+    order_runs,
+    resolve_operand,
+)
+
+REPRODUCED_EXACT = "reproduced-exact"
+REPRODUCED_DIRECTION = "reproduced-direction"
+NOT_REPRODUCED = "not-reproduced"
+NOT_RUN = "not-run"
+OUT_OF_REACH = "out-of-reach"
+VERDICTS = (REPRODUCED_EXACT, REPRODUCED_DIRECTION, NOT_REPRODUCED, NOT_RUN, OUT_OF_REACH)
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
+
+
+@dataclass
+class Measured:
+    label: str
+    value: float | None
+    source: str
+    passed: bool | None = None  # None: shown for context, not itself a condition
+
+
+@dataclass
+class Verdict:
+    claim_id: str
+    experiment: str
+    verdict: str
+    reason: str
+    command: str | None = None
+    needs: list[str] = field(default_factory=list)
+    measured: list[Measured] = field(default_factory=list)
+    run: str | None = None  # path relative to the results root
+    scale: str | None = None
+    steps: int | None = None
+    provenance: dict = field(default_factory=dict)
+    provenance_files: list[str] = field(default_factory=list)  # relative to the results root
+    speed_ratio: float | None = None  # measured speed ratio for throughput claims
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _provenance_digest(provenance: dict) -> dict:
+    """The provenance fields a reviewer needs next to a verdict."""
+    keep = ("git_commit", "command_line", "config_hash", "zeromismatch_version", "python")
+    digest = {key: provenance[key] for key in keep if key in provenance}
+    hardware = provenance.get("hardware")
+    if isinstance(hardware, dict):
+        digest["hardware"] = {
+            key: hardware[key] for key in ("cpu_model", "gpu", "cpu_count", "cuda") if key in hardware
+        }
+    packages = provenance.get("packages")
+    if isinstance(packages, dict) and "torch" in packages:
+        digest["torch"] = packages["torch"]
+    return digest
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if value == 0:
+        return "0"
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def _judge(claim: dict, resolve) -> tuple[bool, list[Measured], list[str], int | None, float | None]:
+    """Apply a test's exact_zero and checks with ``resolve(operand) -> Resolved``."""
+    test = claim["test"]
+    measured: list[Measured] = []
+    failures: list[str] = []
+    steps: int | None = None
+    speed_ratio: float | None = None
+    for operand in test.get("exact_zero", []):
+        got: Resolved = resolve(operand)
+        if got.values is not None:
+            nonzero = sum(1 for v in got.values if not v == 0.0)
+            ok = nonzero == 0
+            steps = got.steps if steps is None else min(steps, got.steps or 0)
+            text = f"max |value| {_fmt(got.value)} over {got.steps} steps; {nonzero} steps nonzero"
+            if not ok:
+                failures.append(f"{got.label} not zero at every step ({text})")
+            measured.append(Measured(got.label, got.value, f"{got.source} ({text})", ok))
+        else:
+            ok = got.value == 0.0
+            if not ok:
+                failures.append(f"{got.label} = {_fmt(got.value)}, not exactly 0")
+            measured.append(Measured(got.label, got.value, got.source, ok))
+    min_steps = test.get("min_steps")
+    if min_steps is not None and test.get("exact_zero"):
+        if steps is None or steps < min_steps:
+            failures.append(f"zero on {steps or 0} recorded steps; the claim needs at least {min_steps}")
+    for check in test.get("checks", []):
+        lhs: Resolved = resolve(check["lhs"])
+        if isinstance(check["rhs"], dict):
+            rhs: Resolved = resolve(check["rhs"])
+            rhs_value, rhs_label = rhs.value, rhs.label
+        else:
+            rhs = None
+            rhs_value, rhs_label = float(check["rhs"]), _fmt(float(check["rhs"]))
+        ok = bool(_OPS[check["op"]](lhs.value, rhs_value))
+        if not ok:
+            failures.append(
+                f"{check['label']}: {lhs.label} = {_fmt(lhs.value)} is not {check['op']} "
+                f"{rhs_label} = {_fmt(rhs_value)}"
+            )
+        measured.append(Measured(lhs.label, lhs.value, lhs.source, ok))
+        if rhs is not None:
+            measured.append(Measured(rhs.label, rhs.value, rhs.source, ok))
+            if lhs.value and rhs.value and math.isfinite(lhs.value) and math.isfinite(rhs.value):
+                measured.append(
+                    Measured(f"ratio {lhs.label} / {rhs.label}", lhs.value / rhs.value, "computed", None)
+                )
+        plot_ratio = check.get("plot_ratio")
+        if speed_ratio is None and rhs is not None and plot_ratio:
+            num, den = (lhs.value, rhs.value) if plot_ratio == "lhs/rhs" else (rhs.value, lhs.value)
+            speed_ratio = num / den if den else None
+        elif speed_ratio is None and test["data"] == "benchmark":
+            speed_ratio = lhs.value
+    return not failures, measured, failures, steps, speed_ratio
+
+
+def _verdict_from(claim: dict, passed: bool, failures: list[str]) -> tuple[str, str]:
+    if passed:
+        kind = REPRODUCED_EXACT if claim["test"]["rule"] == "exact" else REPRODUCED_DIRECTION
+        return kind, "every condition holds on the measured data"
+    return NOT_REPRODUCED, "; ".join(failures)
+
+
+def evaluate_claim(claim: dict, results_root: Path, run_cache: dict | None = None) -> Verdict:
+    """The verdict for one claim, from the files under ``results_root`` only."""
+    base = Verdict(claim["id"], claim["experiment"], NOT_RUN, "")
+    if "out_of_reach" in claim:
+        base.verdict = OUT_OF_REACH
+        base.reason = claim["out_of_reach"]["reason"]
+        base.needs = list(claim["out_of_reach"]["needs"])
+        return base
+    test = claim["test"]
+    base.command = test["command"]
+    if test["data"] == "benchmark":
+        bench: Benchmark | None = load_benchmark(results_root, test["benchmark"])
+        if bench is None:
+            base.reason = f"no benchmark file reproduced/benchmarks/{test['benchmark']}.json"
+            return base
+        try:
+            passed, measured, failures, steps, ratio = _judge(
+                claim, lambda op: resolve_operand(op, benchmark=bench)
+            )
+        except MissingData as missing:
+            base.reason = str(missing)
+            return base
+        base.verdict, base.reason = _verdict_from(claim, passed, failures)
+        base.measured, base.speed_ratio = measured, ratio
+        base.run, base.scale = bench.rel, "benchmark"
+        base.provenance = _provenance_digest(bench.provenance)
+        base.provenance_files = [bench.provenance_rel] if bench.provenance_rel else []
+        return base
+    cache = run_cache if run_cache is not None else {}
+    if claim["experiment"] not in cache:
+        cache[claim["experiment"]] = all_runs(results_root, claim["experiment"])
+    scales = tuple(test.get("scales", JUDGED_SCALES))
+    runs: list[Run] = order_runs(cache[claim["experiment"]], scales)
+    key = (claim["experiment"], scales)
+    if not runs:
+        base.reason = f"no run under reproduced/{claim['experiment']}/ at scales {', '.join(key[1])}"
+        return base
+    lacking = []
+    for run in runs:
+        used: list[Resolved] = []
+        try:
+            for _, operand in iter_operands(test):
+                used.append(resolve_operand(operand, run=run))
+        except MissingData as missing:
+            lacking.append(str(missing))
+            continue
+        passed, measured, failures, steps, ratio = _judge(
+            claim, lambda op, run=run: resolve_operand(op, run=run)
+        )
+        base.verdict, base.reason = _verdict_from(claim, passed, failures)
+        base.measured, base.speed_ratio = measured, ratio
+        base.run, base.scale = run.rel, run.scale
+        counted = [r.steps for r in used if r.steps is not None]
+        base.steps = steps if steps is not None else (max(counted) if counted else None)
+        data_dirs = list({id(r.data): r.data for r in used if r.data is not None}.values())
+        if data_dirs:
+            base.provenance = _provenance_digest(data_dirs[0].provenance)
+            commits = sorted({str(d.provenance.get("git_commit")) for d in data_dirs if d.provenance})
+            if len(commits) > 1:
+                base.provenance["git_commit"] = ", ".join(commits)
+        base.provenance_files = [
+            d.rel + "provenance.json" for d in data_dirs if (d.path / "provenance.json").exists()
+        ]
+        return base
+    base.reason = f"{len(runs)} run(s) found, none records what this claim needs: " + "; ".join(lacking[:3])
+    return base
+
+
+def evaluate_all(registry: Registry, results_root: Path, experiment: str | None = None) -> list[Verdict]:
+    """Verdicts in registry order; first parses every run file of the experiments involved."""
+    cache: dict = {}
+    for name in registry.experiments:
+        if experiment is None or name == experiment:
+            cache[name] = all_runs(Path(results_root), name)
+            for run in cache[name]:
+                for data in run.data_dirs():
+                    data.check()
+    return [
+        evaluate_claim(claim, Path(results_root), cache)
+        for claim in registry.claims
+        if experiment is None or claim["experiment"] == experiment
+    ]
+
+
+def verdicts_document(verdicts: list[Verdict]) -> dict:
+    """The machine-readable record written beside the report (``results/verdicts.json``).
+
+    Deterministic (no timestamps), so regenerating it without new data leaves git clean.
+    """
+    return {
+        "description": "Verdict per published claim, generated by paper_figures/make_all.py; "
+        "`zm audit --strict` fails when a reproduced-* verdict here no longer holds.",
+        "claims": {v.claim_id: v.as_dict() for v in verdicts},
+    }
+
+
+def strict_regressions(current: list[Verdict], committed: dict) -> list[str]:
+    """Claims whose committed reproduced-* verdict no longer holds (downgrades count)."""
+    rank = {REPRODUCED_EXACT: 2, REPRODUCED_DIRECTION: 1}
+    now = {v.claim_id: v for v in current}
+    problems = []
+    for claim_id, entry in sorted(committed.get("claims", {}).items()):
+        was = entry.get("verdict") if isinstance(entry, dict) else None
+        if was not in rank:
+            continue
+        verdict = now.get(claim_id)
+        if verdict is None:
+            problems.append(f"{claim_id}: committed {was}, but the claim is no longer in the registry")
+        elif rank.get(verdict.verdict, 0) < rank[was]:
+            problems.append(f"{claim_id}: committed {was}, now {verdict.verdict} ({verdict.reason})")
+    return problems

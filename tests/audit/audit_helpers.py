@@ -1,0 +1,70 @@
+"""Helpers for the audit tests: a copy of the real claims registry plus synthetic run directories.
+
+Imported as a top-level module (tests/ has no __init__.py).
+
+Synthetic runs follow the layout the experiments write (results/reproduced/<experiment>/<scale>/<run>/
+with metrics.jsonl, summary.json, provenance.json); their numbers are made up for the tests and
+never leave tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PUBLISHED = REPO / "results" / "published"
+
+
+def write_run(
+    results: Path,
+    experiment: str,
+    scale: str,
+    name: str,
+    records: list[dict] | None = None,
+    summary: dict | None = None,
+    provenance: dict | None = None,
+) -> Path:
+    run = results / "reproduced" / experiment / scale / name
+    run.mkdir(parents=True, exist_ok=True)
+    if records is not None:
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if summary is not None:
+        (run / "summary.json").write_text(json.dumps(summary))
+    prov = provenance or {
+        "git_commit": "0123456789abcdef0123456789abcdef01234567",
+        "command_line": ["experiments/" + experiment + "/launch.py", "--scale", scale],
+        "config_hash": "feedfacecafebeef",
+        "hardware": {"cpu_model": "test CPU", "cpu_count": 2, "cuda": False},
+        "packages": {"torch": "2.13.0"},
+    }
+    (run / "provenance.json").write_text(json.dumps(prov))
+    return run
+
+
+def write_benchmark(results: Path, name: str, data: dict) -> Path:
+    path = results / "reproduced" / "benchmarks" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def deepseek_records(steps: int = 120, aligned_zero: bool = True) -> list[dict]:
+    """Per-step records with 'arm.metric' keys: aligned diffs zero, default diffs and KL growing."""
+    records = []
+    for step in range(steps):
+        diff = 0.0 if aligned_zero else 1e-7
+        records.append(
+            {
+                "step": step,
+                "aligned.diff_max": diff,
+                "aligned.diff_mean": 0.0,
+                "aligned.diff_std": 0.0,
+                "aligned.k3_kl": 0.0,
+                "aligned.reward_mean": 0.2 + 0.001 * step,
+                "default.diff_max": 1e-3 * (1 + step),
+                "default.k3_kl": 1e-4 * (1 + step),
+                "default.reward_mean": 0.2 + 0.002 * step,  # rises: the 'reward fell' claim is not reproduced
+            }
+        )
+    return records
