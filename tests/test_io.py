@@ -29,3 +29,14 @@ def test_crash_during_write_keeps_old_content(tmp_path, monkeypatch):
         atomic_write_json(path, {"new": "content"})
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644

@@ -7,14 +7,13 @@ of batch s+1 overlaps the learner's update on batch s — the source of the asyn
 speed-up. Each actor gets one CPU and one torch thread; set the in-process run to the
 same thread count (``torch.set_num_threads``) when comparing bits across executors.
 
-Ray 2.60 writes an auth token under ~/.ray unless ``RAY_AUTH_MODE=disabled``; we set it
-before ``ray.init`` (see ``zeromismatch.launch`` for cluster set-up at full scale).
+Ray is started by ``zeromismatch.launch.ray_cluster.init_ray`` (auth token off, no dashboard;
+it joins a Slurm-started cluster when ``$ZM_RAY_ADDRESS`` is set).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import torch
@@ -60,17 +59,13 @@ class _LearnerActor:
 
 
 def init_ray(num_cpus: int = 2) -> None:
+    """Start local Ray for the executor unless this process already has it."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from ..launch.ray_cluster import init_ray as start_ray
+
     if not ray.is_initialized():
-        ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            object_store_memory=256 * 1024 * 1024,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        start_ray(num_cpus=num_cpus, object_store_memory=256 * 1024**2)
 
 
 class RayRun(Run):

@@ -50,6 +50,7 @@ class RLConfig:
     update_mode: str = "keep"
     micro_batch_size: int = 16
     enable_prefix_caching: bool = True
+    prefix_cache_versioned: bool = True  # False reproduces the stale-prefix bug of S2 fix 2
     lm_head_precision: str = "fp32"
     step_latency_s: float = 0.0  # desktop env: injected latency per env step
     wandb: bool = False

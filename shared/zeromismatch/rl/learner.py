@@ -95,12 +95,15 @@ class Learner:
 
     # ---- one RL update --------------------------------------------------------------------------
     def _recompute(self, model, episodes: list[Episode], requires_grad: bool) -> list[torch.Tensor]:
+        # The objective needs the distribution the sampler drew from: the learner always
+        # evaluates *processed* logprobs, whatever the engine was told to report (S2 fix 1).
         params = sampling_params(self.config)
         return compute_logprobs(
             model,
             [ep.prompt_ids for ep in episodes],
             [ep.response_ids for ep in episodes],
             [params] * len(episodes),
+            logprobs_mode="processed",
             micro_batch_size=self.config.micro_batch_size,
             requires_grad=requires_grad,
         )
@@ -172,6 +175,9 @@ class Learner:
         stats.update({k: v for k, v in lag.items() if k.startswith("lag_")})
         stats.update({f"loss_{k}": v for k, v in out.stats.items()})
         stats["loss"] = float(out.loss.detach())
+        # Monte-Carlo entropy of the sampling distribution: -E[log p] over the sampled tokens,
+        # with the trainer's processed logprobs at the rollout version (engine-independent).
+        stats["entropy"] = float(-then[mask].double().mean())
         stats["grad_norm_preclip"] = grad_norm
         stats["tokens"] = int(mask.sum())
         return stats

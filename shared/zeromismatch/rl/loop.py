@@ -51,6 +51,7 @@ class RolloutWorker:
             max_num_seqs=max(8, config.prompts_per_step * config.group_size),
             max_num_batched_tokens=2048,
             enable_prefix_caching=config.enable_prefix_caching,
+            prefix_cache_versioned=config.prefix_cache_versioned,
             lm_head_precision=config.lm_head_precision,
         )
         # -1: the engine holds the seed init, not yet any learner version (SFT may have moved version 0)

@@ -1,0 +1,73 @@
+"""S2: PipelineRL's vLLM V0 -> V1 migration — correctness before corrections. The first V1
+run left the V0 reference (raw logprobs, prefix cache across weight updates, bf16-vs-fp32 head);
+after the four fixes V1 returns close to V0 in clip rate, KL, entropy and reward.
+
+Mini stand-in: GSPO on tiny-qwen3 / arithmetic with temperature 0.8 and top-p 0.9 (so raw and
+processed logprobs differ), async lag 1. "v0" = aligned stack with processed
+logprobs; "v1_first" = default kernels, raw logprobs, unversioned prefix cache, activation-dtype
+head; "v1_fixed" = default kernels with the four fixes applied (processed logprobs, versioned
+prefix cache, fp32 head, keep-mode weight updates).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zeromismatch.expt import Arm, Experiment, FullScale
+from zeromismatch.expt.spec import add_to_summary, read_records, tail_mean
+from zeromismatch.rl import RLConfig
+
+
+def _base(**changes) -> RLConfig:
+    return RLConfig(
+        env="arithmetic", model="tiny-qwen3", algo="gspo", steps=40, prompts_per_step=4, group_size=4,
+        max_new_tokens=6, sft_steps=30, eval_size=32, seed=0, lag=1, temperature=0.8, top_p=0.9,
+    ).replace(**changes)  # fmt: skip
+
+
+def mini() -> list[Arm]:
+    return [
+        Arm("v0", _base(kernels="aligned"), "reference: aligned, processed logprobs"),
+        Arm(
+            "v1_first",
+            _base(kernels="default", logprobs_mode="raw", prefix_cache_versioned=False,
+                  lm_head_precision="activation"),  # fmt: skip
+            "first V1 attempt: raw logprobs, unversioned prefix cache, activation-dtype head",
+        ),
+        Arm("v1_fixed", _base(kernels="default"), "V1 after the four fixes (kernels still unaligned)"),
+    ]
+
+
+def smoke() -> list[Arm]:
+    return [Arm(a.name, a.config.replace(steps=2, sft_steps=1, eval_size=2), a.note) for a in mini()]
+
+
+EXPERIMENT = Experiment(
+    name="pipelinerl_v0_v1",
+    claim="backend correctness first: V1 returns to V0 after the four fixes",
+    arms={"smoke": smoke, "mini": mini},
+    postprocess=lambda scale_dir: gaps_to_v0(scale_dir),
+    full=FullScale(
+        model="not named in the excerpt", rollout_engine="vllm 0.8.5 (V0) / 0.18.1 (V1)",
+        trainer="pipelinerl", gpus=None, nodes=2, updates=None, env="math reasoning", source="S2",
+        assumed=("nodes", "model", "env"),
+    ),
+)
+
+
+def gaps_to_v0(scale_dir: Path) -> None:
+    """Each V1 arm's distance from the V0 reference over the last 20% of steps (S2 Figure 1's
+    quantities: reward, clip rate, KL, entropy), written into that arm's summary.json."""
+    if not (scale_dir / "v0" / "summary.json").exists():
+        return
+    reference = read_records(scale_dir / "v0")
+    metrics = {"reward": "reward_mean", "clip_rate": "loss_clip_rate", "k3_kl": "k3_kl", "entropy": "entropy"}
+    for arm in ("v1_first", "v1_fixed"):
+        if not (scale_dir / arm / "summary.json").exists():
+            continue
+        records = read_records(scale_dir / arm)
+        gaps = {
+            f"{name}_gap_to_v0": abs(tail_mean(records, key) - tail_mean(reference, key))
+            for name, key in metrics.items()
+        }
+        add_to_summary(scale_dir / arm, gaps)

@@ -1,0 +1,163 @@
+"""Run an experiment's arms at a scale, or write its full-scale Slurm scripts.
+
+Each arm trains into a hidden temp directory next to its final place and is renamed
+into ``results/reproduced/<experiment>/<scale>/<arm>/`` only when it finished, so
+``results/`` never holds half a run. An arm whose ``summary.json`` exists is skipped
+unless ``--force``; a re-run replaces it whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from ..io import atomic_write_json
+from .spec import SCALES, Arm, Experiment
+
+ROOT = Path(__file__).resolve().parents[3]
+CLUSTERS = ("inline", "local", "debug", "slurm")
+
+
+def run_arm(arm: Arm, final_dir: str, quiet: bool = True) -> dict:
+    """Train one arm into ``final_dir`` atomically; returns its summary."""
+    from ..rl import train
+
+    final = Path(final_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    summary = train(arm.config, tmp, quiet=quiet)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return summary
+
+
+def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
+    """The resolved full-scale config of every arm: the mini arm's choices (kernels, lag,
+    algorithm, logprob semantics ...) on the published model, engine, trainer and scale."""
+    full = experiment.full
+    configs = {}
+    for arm in experiment.arms_for("mini"):
+        config = arm.config.to_dict()
+        config.update(
+            model=full.model, env=full.env, steps=full.updates, dtype=full.precision or config["dtype"],
+            executor="ray", rollout_engine=full.rollout_engine, trainer=full.trainer,
+        )  # fmt: skip
+        if config["lag"] and full.lag is not None:
+            config["lag"] = full.lag
+        configs[arm.name] = {"arm": arm.name, "note": arm.note, "config": config,
+                             "published": dataclasses.asdict(full)}  # fmt: skip
+    return configs
+
+
+def run_full_arm(experiment_name: str, resolved: dict) -> None:
+    """Entry point of a full-scale Slurm job: needs the GPU integrations (vLLM + Megatron)."""
+    try:
+        from ..integrations import full_scale  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(
+            f"{experiment_name}/{resolved['arm']}: the full-scale backend (zeromismatch.integrations."
+            "full_scale: vLLM rollout + Megatron learner on GPUs) is not part of this build; "
+            "install the 'gpu' and 'megatron' extras on the cluster image"
+        ) from err
+
+
+def run_experiment(
+    experiment: Experiment,
+    scale: str,
+    arms: list[str] | None = None,
+    cluster: str = "inline",
+    dry_run: bool = False,
+    force: bool = False,
+    quiet: bool = False,
+    out_root: str | os.PathLike | None = None,
+) -> dict[str, dict]:
+    if scale not in SCALES:
+        raise ValueError(f"--scale must be one of {SCALES}, got {scale!r}")
+    if cluster not in CLUSTERS:
+        raise ValueError(f"--cluster must be one of {CLUSTERS}, got {cluster!r}")
+    out_root = Path(out_root) if out_root else ROOT / "results" / "reproduced"
+    if scale == "full":
+        return _full(experiment, arms, dry_run)
+    chosen = experiment.arms_for(scale)
+    if arms:
+        unknown = sorted(set(arms) - {a.name for a in chosen})
+        if unknown:
+            have = [a.name for a in chosen]
+            raise ValueError(f"unknown arm(s) {unknown}; {experiment.name}/{scale} has {have}")
+        chosen = [a for a in chosen if a.name in arms]
+    results = {}
+    for arm in chosen:
+        final = out_root / experiment.name / scale / arm.name
+        if (final / "summary.json").exists() and not force:
+            print(f"{experiment.name}/{scale}/{arm.name}: done already (--force reruns it)")
+            continue
+        if dry_run:
+            print(f"{experiment.name}/{scale}/{arm.name}: would run {arm.config.to_dict()}")
+            continue
+        start = time.perf_counter()
+        if cluster == "inline":
+            summary = run_arm(arm, str(final), quiet)
+        else:
+            from ..launch.submit import submit
+
+            job = submit(
+                run_arm, arm, str(final), True, cluster=cluster, profile="local-cpu",
+                folder=ROOT / "runs" / "submitit" / experiment.name, job_name=f"{experiment.name}.{arm.name}",
+            )  # fmt: skip
+            summary = job.result()
+        results[arm.name] = summary
+        print(f"{experiment.name}/{scale}/{arm.name}: done in {time.perf_counter() - start:.0f} s")
+    scale_dir = out_root / experiment.name / scale
+    if experiment.postprocess is not None and not dry_run and scale_dir.exists():
+        experiment.postprocess(scale_dir)
+    return results
+
+
+def _full(experiment: Experiment, arms: list[str] | None, dry_run: bool) -> dict[str, dict]:
+    from ..launch.submit import submit
+
+    configs = full_scale_configs(experiment)
+    if arms:
+        configs = {k: v for k, v in configs.items() if k in arms}
+    folder = ROOT / "runs" / "full" / experiment.name
+    out = {}
+    for name, resolved in configs.items():
+        atomic_write_json(folder / f"{name}.resolved.json", resolved)
+        result = submit(
+            run_full_arm, experiment.name, resolved, cluster="slurm", profile="h200-node",
+            folder=folder, job_name=f"{experiment.name}.{name}", nodes=experiment.full.nodes,
+            ray=True, dry_run=dry_run,
+        )  # fmt: skip
+        out[name] = {"dry_run": dry_run, "folder": str(folder), "result": str(result)}
+        what = "wrote sbatch + config to" if dry_run else "submitted; logs in"
+        print(f"{experiment.name}/full/{name}: {what} {folder}")
+    return out
+
+
+def launch_main(experiment: Experiment, argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=f"{experiment.name}: {experiment.claim}")
+    parser.add_argument("--scale", default="mini", choices=SCALES)
+    parser.add_argument("--arms", default=None, help="comma-separated arm names (default: all)")
+    parser.add_argument("--cluster", default="inline", choices=CLUSTERS,
+                        help="inline = this process; local/debug/slurm go through submitit")  # fmt: skip
+    parser.add_argument("--dry-run", action="store_true", help="write scripts/configs, run nothing")
+    parser.add_argument("--force", action="store_true", help="rerun arms that already have results")
+    parser.add_argument("--out-root", default=None, help="default: results/reproduced")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    try:
+        run_experiment(
+            experiment, args.scale, args.arms.split(",") if args.arms else None, args.cluster,
+            args.dry_run, args.force, args.quiet, args.out_root,
+        )  # fmt: skip
+    except (ValueError, FileExistsError, RuntimeError) as err:
+        print(f"{experiment.name}: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,88 @@
+"""Typed experiment specifications: arms per scale, and the published full-scale set-up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..rl.config import RLConfig
+
+SCALES = ("smoke", "mini", "full")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One run of an experiment; ``name`` becomes its run directory and the audit's arm name."""
+
+    name: str
+    config: RLConfig
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class FullScale:
+    """The published configuration, as far as the sources state it. ``None`` = not published;
+    ``assumed`` lists the fields we had to choose ourselves for the dry-run scripts."""
+
+    model: str
+    rollout_engine: str
+    trainer: str
+    gpus: int | None
+    nodes: int
+    updates: int | None
+    env: str
+    lag: int | None = None
+    context_tokens: int | None = None
+    precision: str | None = None
+    source: str = ""
+    assumed: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    claim: str  # one line: what the experiment tests
+    arms: dict[str, Callable[[], list[Arm]]]  # scale -> named config function
+    full: FullScale
+    # derive cross-arm results once every arm of a scale has run: f(scale_dir) -> None
+    postprocess: Callable[[Path], None] | None = None
+
+    def arms_for(self, scale: str) -> list[Arm]:
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+        if scale == "full":
+            raise ValueError("full scale runs on the GPU cluster; see launch.py --scale full --dry-run")
+        if scale not in self.arms:
+            raise ValueError(f"{self.name} has no {scale!r} configuration (has {sorted(self.arms)})")
+        arms = self.arms[scale]()
+        names = [arm.name for arm in arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}/{scale}: arm names repeat: {names}")
+        return arms
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def tail_mean(records: list[dict], key: str, fraction: float = 0.2) -> float:
+    values = [r[key] for r in records]
+    tail = values[-max(1, int(len(values) * fraction)) :]
+    return sum(tail) / len(tail)
+
+
+def add_to_summary(run_dir: Path, values: dict) -> None:
+    """Merge derived values into a finished run's summary.json (atomically)."""
+    import json
+
+    from ..io import atomic_write_json
+
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    summary.update(values)
+    atomic_write_json(path, summary)
