@@ -9,7 +9,6 @@ from unchanged data changes nothing.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,14 +200,30 @@ def build_all(results_root: str | Path | None = None, *, quiet: bool = False) ->
     atomic_write_text(written[0], render_markdown(registry, verdicts, figures))
     atomic_write_text(written[1], render_html(registry, verdicts, figures))
     atomic_write_json(written[2], verdicts_document(verdicts))
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in written:
-        # mkstemp (inside atomic_write_*) creates 0600 files; reports are meant to be world-readable.
-        path.chmod(0o666 & ~umask)
     if not quiet:
         counts = Counter(v.verdict for v in verdicts)
         print(json.dumps({"claims": len(verdicts), **{k: counts.get(k, 0) for k in VERDICTS}}))
         for path in written:
             print(f"wrote {path}")
     return BuildResult(verdicts, figures, written)
+
+
+def experiment_figures_main(experiment: str, argv: list[str] | None = None) -> int:
+    """``experiments/<name>/figures.py``: rebuild the figures and report from ``results/`` only,
+    then list this experiment's figures and verdicts."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=f"{experiment}: figures from results/ only")
+    parser.add_argument("--results", default=None, help="results directory (default: the repository's)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    result = build_all(args.results, quiet=True)
+    if args.quiet:
+        return 0
+    mine = [v for v in result.verdicts if v.experiment == experiment]
+    figures = sorted({path for v in mine for path in result.figures["claims"][v.claim_id]})
+    for path in figures:
+        print(f"figure  {path}")
+    for v in mine:
+        print(f"{v.verdict:22s} {v.claim_id}")
+    return 0

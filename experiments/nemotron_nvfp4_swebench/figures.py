@@ -1,0 +1,14 @@
+"""Figures for nemotron_nvfp4_swebench, rebuilt from results/ only (no GPU, no network, no wandb).
+
+    python experiments/nemotron_nvfp4_swebench/figures.py [--results DIR] [--quiet]
+
+Draws every figure and the report (the same code as paper_figures/make_all.py), then lists
+this experiment's figures and claim verdicts.
+"""
+
+import sys
+
+from zeromismatch.audit.report import experiment_figures_main
+
+if __name__ == "__main__":
+    sys.exit(experiment_figures_main("nemotron_nvfp4_swebench"))

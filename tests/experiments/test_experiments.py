@@ -1,0 +1,80 @@
+"""Every experiment folder: configs resolve, smoke scale runs end to end through the real
+launcher, and the full-scale dry run writes real sbatch scripts and resolved configs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from zeromismatch.expt.runner import run_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/configs.py"))
+
+
+def load(name: str):
+    path = ROOT / "experiments" / name / "configs.py"
+    spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.EXPERIMENT
+
+
+def test_all_six_published_experiments_exist():
+    assert EXPERIMENTS == [
+        "deepseek_v4_flash_100steps", "nemotron_nvfp4_swebench", "osworld_step_time",
+        "pipelinerl_v0_v1", "qwen3_30b_a3b_tools", "reinforce_zero_lag64",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_configs_resolve_and_match_the_claims_registry(name):
+    experiment = load(name)
+    assert experiment.name == name
+    arms = {arm.name for arm in experiment.arms_for("mini")}
+    smoke = {arm.name for arm in experiment.arms_for("smoke")}
+    assert smoke <= arms
+    registry = json.loads((ROOT / "results" / "published" / f"{name}.json").read_text())
+    claims = registry["claims"] if isinstance(registry, dict) else registry
+    assert any(c["experiment"] == name for c in claims)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_smoke_scale_runs_every_arm(tmp_path, name):
+    experiment = load(name)
+    run_experiment(experiment, "smoke", out_root=tmp_path, quiet=True)
+    for arm in experiment.arms_for("smoke"):
+        run = tmp_path / name / "smoke" / arm.name
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["steps"] == arm.config.steps
+        assert (run / "provenance.json").exists()
+    assert not list((tmp_path / name / "smoke").glob(".*partial"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_full_scale_dry_run_writes_sbatch(tmp_path, monkeypatch, name):
+    import zeromismatch.expt.runner as runner
+
+    monkeypatch.setattr(runner, "ROOT", tmp_path)
+    out = run_experiment(load(name), "full", dry_run=True)
+    folder = tmp_path / "runs" / "full" / name
+    for arm in out:
+        script = (folder / f"{name}.{arm}.sbatch").read_text()
+        assert "#SBATCH" in script and "--gpus-per-node=8" in script
+        resolved = json.loads((folder / f"{arm}.resolved.json").read_text())
+        assert resolved["config"]["rollout_engine"].startswith("vllm")
+
+
+def test_launcher_rejects_unknown_arm_with_one_clear_error():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "osworld_step_time" / "launch.py"), "--scale", "smoke",
+         "--arms", "nope", "--out-root", "/nonexistent"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "unknown arm(s) ['nope']" in out.stderr
