@@ -1,0 +1,323 @@
+"""Write a standalone minimal repro of the first divergence.
+
+The repro is the one op call on each side that produced the first differing row: the
+engine's call (e.g. one decode step's rows and its paged cache) and the trainer's call (the
+packed batch). Their arguments go to ``rollout_inputs.safetensors`` /
+``trainer_inputs.safetensors`` (tensors) and ``repro.json`` (everything else), the recorded
+output rows to ``expected.safetensors``, and ``repro.py`` -- which imports only torch,
+safetensors and ``zeromismatch.kernels`` -- runs the op of a kernel set on both inputs and
+checks the aligned rows bit for bit (exit status 1 when they differ).
+
+Minimizing. For row-wise ops (a row's output depends only on that row's inputs: linear,
+norms, activations, rope, lm_head, the logprob ops, MoE routing/experts) the calls are
+shrunk while they still reproduce under the recorded kernel sets: the engine call to the
+single differing row, then the trainer call to the smallest window of rows ending at that
+row among 1, 2, 4, 8, ... rows. Attention, conv and scan calls are kept whole (their rows
+read other rows).
+
+A divergence planted by ``--perturb`` is not in any kernel; its repro passes with every
+kernel set, and repro.json records ``"injected": true``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..kernels import QuantizedWeight, get_kernels
+from .compare import row_bits_differ
+from .recorder import ROW_ARGS, ROW_WISE_OPS, CallRecord, row_outputs
+
+SIDES = ("rollout", "trainer")
+
+
+def _encode_args(args: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    spec = {}
+    for name, value in args.items():
+        if isinstance(value, torch.Tensor):
+            key = f"arg.{name}"
+            tensors[key] = value.detach().clone().contiguous()
+            spec[name] = {"kind": "tensor", "key": key}
+        elif isinstance(value, QuantizedWeight):
+            fields = {}
+            for part in ("data", "scales", "global_scale"):
+                tensor = getattr(value, part)
+                if tensor is not None:
+                    fields[part] = f"arg.{name}.{part}"
+                    tensors[fields[part]] = tensor.detach().clone().contiguous()
+            spec[name] = {
+                "kind": "quantized_weight",
+                "format": value.format,
+                "shape": list(value.shape),
+                "block": None if value.block is None else list(value.block),
+                "tensors": fields,
+            }
+        elif isinstance(value, tuple):
+            spec[name] = {"kind": "tuple", "value": list(value)}
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            spec[name] = {"kind": "value", "value": value}
+        elif name == "group":
+            spec[name] = {"kind": "value", "value": None}  # the repro runs at TP degree 1
+        else:
+            raise TypeError(f"bisect repro: cannot save argument {name!r} of type {type(value).__name__}")
+    return spec
+
+
+def _slice_rows(op: str, args: dict, rows: torch.Tensor) -> dict:
+    out = dict(args)
+    for name in ROW_ARGS[op]:
+        if isinstance(out.get(name), torch.Tensor):
+            out[name] = out[name][rows]
+    return out
+
+
+def _run(op: str, kernels: str, args: dict) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return row_outputs(op, getattr(get_kernels(kernels), op)(**args))
+
+
+def _rows_differ(a: list[torch.Tensor], b: list[torch.Tensor], a_rows, b_rows) -> bool:
+    return any(bool(row_bits_differ(x[a_rows], y[b_rows]).any()) for x, y in zip(a, b))
+
+
+def minimize(engine: CallRecord, trainer: CallRecord, e_row: int, t_row: int, e_kernels: str, t_kernels: str):
+    """Smallest calls (as described in the module docstring) that still differ under the
+    recorded kernels. Returns (engine args, engine rows, trainer args, trainer rows, info)."""
+    e_args, t_args = dict(engine.args), dict(trainer.args)
+    e_rows, t_rows = [e_row], [t_row]
+    info = {"reproduces": False, "rollout_minimized": False, "trainer_minimized": False}
+    e_out = _run(engine.op, e_kernels, e_args)
+    t_out = _run(trainer.op, t_kernels, t_args)
+    if not _rows_differ(e_out, t_out, e_rows, t_rows):
+        return e_args, e_rows, t_args, t_rows, info
+    info["reproduces"] = True
+    if engine.op not in ROW_WISE_OPS or trainer.op not in ROW_WISE_OPS:
+        return e_args, e_rows, t_args, t_rows, info
+    one = _slice_rows(engine.op, e_args, torch.tensor([e_row]))
+    one_out = _run(engine.op, e_kernels, one)
+    if _rows_differ(one_out, t_out, [0], t_rows):
+        e_args, e_rows, e_out = one, [0], one_out
+        info["rollout_minimized"] = True
+    total = row_outputs(trainer.op, trainer.output)[0].shape[0]
+    size = 1
+    while size < total:
+        start = max(0, t_row - size + 1)
+        window = _slice_rows(trainer.op, t_args, torch.arange(start, t_row + 1))
+        if _rows_differ(e_out, _run(trainer.op, t_kernels, window), e_rows, [t_row - start]):
+            t_args, t_rows = window, [t_row - start]
+            info["trainer_minimized"] = True
+            break
+        size *= 2
+    return e_args, e_rows, t_args, t_rows, info
+
+
+def write_repro(result, out_dir: str | Path) -> dict:
+    """Write the repro of ``result.first`` into ``out_dir``; returns what repro.json holds."""
+    from safetensors.torch import save_file
+
+    from ..io import atomic_write_text
+
+    first = result.first
+    if first is None:
+        raise ValueError("no divergence to reproduce: every compared op output is bitwise identical")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    engine = result.rollout.records[first.first_engine_call]
+    trainer = result.trainer.records[first.trainer_call]
+    cfg = result.config
+    injected = bool(first.perturbed)
+    e_args, e_rows, t_args, t_rows, info = minimize(
+        engine,
+        trainer,
+        first.first_engine_row,
+        first.first_trainer_row,
+        cfg.rollout_kernels,
+        cfg.trainer_kernels,
+    )
+    if not injected and not info["reproduces"]:
+        info["note"] = "re-running the recorded calls did not reproduce the difference"
+    spec_args = {}
+    for side, args in (("rollout", e_args), ("trainer", t_args)):
+        tensors: dict[str, torch.Tensor] = {}
+        spec_args[side] = _encode_args(args, tensors)
+        save_file(tensors, str(out / f"{side}_inputs.safetensors"))
+    expected = {}
+    for k, (a, b) in enumerate(
+        zip(row_outputs(engine.op, engine.output), row_outputs(trainer.op, trainer.output))
+    ):
+        expected[f"rollout.{k}"] = a[[first.first_engine_row]].contiguous()
+        expected[f"trainer.{k}"] = b[[first.first_trainer_row]].contiguous()
+    save_file(expected, str(out / "expected.safetensors"))
+    spec = {
+        "model": cfg.model,
+        "site": first.site,
+        "layer": first.layer,
+        "token": list(first.first_row),
+        "op": {"rollout": engine.op, "trainer": trainer.op},
+        "args": spec_args,
+        "rows": {"rollout": e_rows, "trainer": t_rows},
+        "recorded_kernels": {"rollout": cfg.rollout_label, "trainer": cfg.trainer_label},
+        "injected": injected,
+        "minimize": info,
+        "bisect_command": command_line(cfg),
+    }
+    atomic_write_text(out / "repro.json", json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / "repro.py", REPRO_SCRIPT)
+    atomic_write_text(out / "README.md", _readme(spec))
+    return spec
+
+
+def command_line(cfg) -> str:
+    parts = [
+        f"zm bisect --model {cfg.model} --rollout-kernels {cfg.rollout_label} "
+        f"--trainer-kernels {cfg.trainer_label} --seed {cfg.seed}"
+    ]
+    if cfg.dtype != "fp32":
+        parts.append(f"--dtype {cfg.dtype}")
+    if cfg.quant != "none":
+        parts.append(f"--quant {cfg.quant}")
+    if cfg.perturb:
+        parts.append(f"--perturb {cfg.perturb}")
+    return " ".join(parts)
+
+
+def _readme(spec: dict) -> str:
+    ops = spec["op"]
+    recorded = ", ".join(f"{side}={name}" for side, name in spec["recorded_kernels"].items())
+    note = (
+        "\nThis divergence was planted by `--perturb`; no kernel causes it, so the repro passes "
+        "with every kernel set.\n"
+        if spec["injected"]
+        else ""
+    )
+    return f"""# Minimal repro: {ops["trainer"]} at layer {spec["layer"]} ({spec["site"]})
+
+Written by `{spec["bisect_command"]} --out <dir>`. The rollout engine's `{ops["rollout"]}` call
+and the trainer's `{ops["trainer"]}` call produced different bits for the token
+(sequence {spec["token"][0]}, position {spec["token"][1]}).
+{note}
+    python repro.py                     # the recorded kernel sets: {recorded}
+    python repro.py --kernels default   # one kernel set on both sides
+    python repro.py --kernels aligned
+
+Exit status 0: the aligned rows are bitwise identical; 1: they differ. Files:
+`rollout_inputs.safetensors`, `trainer_inputs.safetensors` (tensor arguments),
+`repro.json` (other arguments, the rows to compare), `expected.safetensors` (the rows as
+recorded during the bisection).
+"""
+
+
+REPRO_SCRIPT = '''#!/usr/bin/env python
+"""Minimal repro written by `zm bisect`: one op, the rollout-side and the trainer-side call.
+
+Runs the op of a kernel set on the saved rollout inputs and on the saved trainer inputs and
+checks that the rows of the same token agree bit for bit (floats compared as integers of the
+same width). Exit status 0: identical; 1: they differ. See README.md and repro.json.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+from zeromismatch.kernels import QuantizedWeight, available_kernels, get_kernels
+
+HERE = pathlib.Path(__file__).resolve().parent
+INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def load_args(spec, side):
+    tensors = load_file(str(HERE / f"{side}_inputs.safetensors"))
+    args = {}
+    for name, entry in spec["args"][side].items():
+        if entry["kind"] == "tensor":
+            args[name] = tensors[entry["key"]]
+        elif entry["kind"] == "tuple":
+            args[name] = tuple(entry["value"])
+        elif entry["kind"] == "quantized_weight":
+            parts = {k: tensors[v] for k, v in entry["tensors"].items()}
+            block = None if entry["block"] is None else tuple(entry["block"])
+            args[name] = QuantizedWeight(
+                entry["format"], parts["data"], parts["scales"], tuple(entry["shape"]), block,
+                parts.get("global_scale"),
+            )
+        else:
+            args[name] = entry["value"]
+    return args
+
+
+def row_outputs(op, output):
+    if isinstance(output, tuple):
+        return [output[i] for i in {"moe_route": (0, 1)}.get(op, (0,))]
+    return [output]
+
+
+def bits(t):
+    return t.contiguous().view(INTS[t.element_size()]) if t.is_floating_point() else t
+
+
+def main():
+    spec = json.loads((HERE / "repro.json").read_text())
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kernels", help="one kernel set for both sides: " + ", ".join(available_kernels()))
+    parser.add_argument("--rollout-kernels", default=spec["recorded_kernels"]["rollout"])
+    parser.add_argument("--trainer-kernels", default=spec["recorded_kernels"]["trainer"])
+    args = parser.parse_args()
+    kernels = {
+        "rollout": args.kernels or args.rollout_kernels,
+        "trainer": args.kernels or args.trainer_kernels,
+    }
+    try:
+        sets = {side: get_kernels(name) for side, name in kernels.items()}
+    except ValueError as err:  # e.g. the bisection ran a KernelSet object that is not registered
+        print(f"repro.py: {err}; choose one with --kernels / --rollout-kernels / --trainer-kernels")
+        return 2
+    outputs = {}
+    with torch.no_grad():
+        for side in ("rollout", "trainer"):
+            op = spec["op"][side]
+            call_args = load_args(spec, side)
+            shapes = ", ".join(
+                f"{k} {list(v.shape)} {str(v.dtype).replace('torch.', '')}"
+                for k, v in call_args.items()
+                if isinstance(v, torch.Tensor)
+            )
+            print(f"{side:8s} {op}({shapes})")
+            result = getattr(sets[side], op)(**call_args)
+            rows = torch.tensor(spec["rows"][side])
+            outputs[side] = [out[rows] for out in row_outputs(op, result)]
+    print(f"{spec['op']['rollout']} [{kernels['rollout']}] vs {spec['op']['trainer']} [{kernels['trainer']}]"
+          f" at {spec['site']}, token (sequence, position) = {tuple(spec['token'])}")
+    expected = load_file(str(HERE / "expected.safetensors"))
+    for side in outputs:
+        # a shrunken call is another call: only a call kept whole must give the recorded bits
+        if kernels[side] == spec["recorded_kernels"][side] and not spec["minimize"][f"{side}_minimized"]:
+            same = all(
+                torch.equal(bits(out), bits(expected[f"{side}.{k}"])) for k, out in enumerate(outputs[side])
+            )
+            print(f"{side} call reproduces the row recorded during the bisection: {same}")
+    equal = True
+    for k, (a, b) in enumerate(zip(outputs["rollout"], outputs["trainer"])):
+        ok = a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+        equal = equal and ok
+        detail = ""
+        if not ok and a.shape == b.shape:
+            delta = (a.double() - b.double()).abs()
+            detail = f"  max abs diff {float(torch.nan_to_num(delta, nan=float('inf')).max()):.3g}"
+        print(f"output {k}: {list(a.shape)} {a.dtype} vs {list(b.shape)} {b.dtype}: "
+              f"{'bitwise identical' if ok else 'DIFFERENT'}{detail}")
+    if not equal:
+        print("FAIL: the two sides differ")
+        return 1
+    print("PASS: bitwise identical")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''

@@ -1,0 +1,102 @@
+"""``zm bisect``: the first operator where the rollout engine and the trainer diverge.
+
+Runs the same teacher-forced tokens through the engine (``--rollout-kernels``) and the
+trainer (``--trainer-kernels``), records every kernel call on both sides, and reports the
+first op (trainer execution order: layer by layer, then the head) whose output differs
+bitwise for some token, with its diff, shapes, dtypes and the downstream per-token logprob
+mismatch. ``--out DIR`` writes a standalone repro of that op; ``--perturb OP@LAYER`` plants a
+one-ulp change in one engine-side op output to show the tool finds it.
+
+Exit status: 0 no divergence, 1 a divergence was found, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    from ..bisect.driver import DTYPES, QUANTS
+    from ..bisect.recorder import KERNEL_OPS
+
+    p = sub.add_parser(
+        "bisect",
+        help="find the first op whose output differs between rollout and trainer; write a minimal repro",
+        description=__doc__.split("\n\n")[1],
+    )
+    p.add_argument("--model", required=True, help="model preset, e.g. tiny-qwen3")
+    p.add_argument(
+        "--rollout-kernels", required=True, help="kernel set of the engine side (aligned | default)"
+    )
+    p.add_argument("--trainer-kernels", required=True, help="kernel set of the trainer side")
+    p.add_argument("--seed", type=int, default=0, help="weights and tokens seed")
+    p.add_argument(
+        "--perturb",
+        metavar="OP@LAYER",
+        help=f"plant one ulp in the engine's OP output at LAYER (int or 'head'); OP: {', '.join(KERNEL_OPS)}",
+    )
+    p.add_argument("--out", metavar="DIR", help="write the minimal repro of the first divergence here")
+    p.add_argument("--num-seqs", type=int, default=3)
+    p.add_argument("--max-prompt-len", type=int, default=10)
+    p.add_argument("--max-response-len", type=int, default=6)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--quant", choices=list(QUANTS), default="none")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--logprobs-mode", choices=["processed", "raw"], default="processed")
+    p.add_argument(
+        "--prefill-chunk", type=int, default=4, help="engine: max prompt tokens per request per step"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=4)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..bisect.driver import BisectConfig
+    from ..bisect.report import format_text, run_bisect
+    from ..bisect.repro import write_repro
+
+    config = BisectConfig(
+        model=args.model,
+        rollout_kernels=args.rollout_kernels,
+        trainer_kernels=args.trainer_kernels,
+        seed=args.seed,
+        num_seqs=args.num_seqs,
+        max_prompt_len=args.max_prompt_len,
+        max_response_len=args.max_response_len,
+        dtype=args.dtype,
+        quant=args.quant,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        logprobs_mode=args.logprobs_mode,
+        prefill_chunk=args.prefill_chunk,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        perturb=args.perturb,
+    )
+    try:
+        result = run_bisect(config)
+    except (ValueError, TypeError) as err:
+        print(f"zm bisect: {err}", file=sys.stderr)
+        return 2
+    repro = None
+    if args.out and result.diverged:
+        repro = write_repro(result, args.out)
+    if args.json:
+        out = result.to_dict()
+        out["repro"] = None if repro is None else {"dir": str(args.out), **repro}
+        print(json.dumps(out, sort_keys=True, default=str))
+    else:
+        print(format_text(result))
+        if repro is not None:
+            print(f"\nrepro written to {args.out}: python {args.out}/repro.py --kernels aligned")
+        elif args.out:
+            print(f"\nno divergence: nothing written to {args.out}")
+    return 1 if result.diverged else 0
