@@ -1,0 +1,125 @@
+"""Shared timing helper for ratio benchmarks: interleaved medians, aligned ÷ default.
+
+Case format (other benchmark modules follow it, e.g. ``benchmarks/ops_sequence_cases.py``
+exposes ``CASES: list[OpCase]`` and ``benchmarks/ops.py`` runs them next to its own):
+
+    OpCase(
+        name="attention",                 # op name, first table column
+        shape_desc="T=64 H=8 D=64 bf16",  # human-readable shape, second column
+        make_inputs=lambda: (q, k, v, ...),   # builds a fresh tuple of inputs (called once)
+        run_aligned=lambda inputs: ...,   # runs the aligned kernel on the tuple
+        run_default=lambda inputs: ...,   # runs the default kernel on the same tuple
+    )
+
+``measure(case)`` builds the inputs once (outside inference mode, like loaded weights), then,
+under ``torch.inference_mode``, calls each runner ``warmup`` times, then alternates aligned and default
+calls ``repeats`` times (each sample times ``inner`` back-to-back calls, so microsecond ops
+are not dominated by timer overhead), and reports medians. Interleaving means a noisy
+neighbour or frequency change hits both sides alike; the ratio is what we publish.
+``time_ratio`` = aligned / default (lower is better); ``throughput_ratio`` = default / aligned
+(aligned throughput as a fraction of default; the published aligned stacks run at 0.42-0.913x).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class OpCase:
+    """One benchmark row: the same inputs run through the aligned and the default kernel."""
+
+    name: str
+    shape_desc: str
+    make_inputs: Callable[[], tuple]
+    run_aligned: Callable[[tuple], Any]
+    run_default: Callable[[tuple], Any]
+
+
+@dataclass
+class Timing:
+    name: str
+    shape_desc: str
+    aligned_us: float
+    default_us: float
+
+    @property
+    def time_ratio(self) -> float:
+        return self.aligned_us / self.default_us
+
+    @property
+    def throughput_ratio(self) -> float:
+        return self.default_us / self.aligned_us
+
+
+def _sample(fn: Callable[[tuple], Any], inputs: tuple, inner: int) -> float:
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn(inputs)
+    return (time.perf_counter() - start) / inner
+
+
+def _choose_inner(fn: Callable[[tuple], Any], inputs: tuple, target_s: float) -> int:
+    one = _sample(fn, inputs, 1)
+    return max(1, min(1000, int(target_s / max(one, 1e-7))))
+
+
+def measure(
+    case: OpCase, repeats: int = 15, warmup: int = 3, target_sample_s: float = 0.004
+) -> Timing:
+    """Median time per call of each side, measured interleaved (aligned, default, aligned, ...)."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    # inputs (weights) are built outside inference mode, as a model's loaded weights are
+    inputs = case.make_inputs()
+    with torch.inference_mode():
+        for _ in range(warmup):
+            case.run_aligned(inputs)
+            case.run_default(inputs)
+        inner = max(
+            _choose_inner(case.run_aligned, inputs, target_sample_s),
+            _choose_inner(case.run_default, inputs, target_sample_s),
+        )
+        aligned, default = [], []
+        for r in range(repeats):
+            # alternate which side goes first so neither always runs on a warm cache
+            if r % 2 == 0:
+                aligned.append(_sample(case.run_aligned, inputs, inner))
+                default.append(_sample(case.run_default, inputs, inner))
+            else:
+                default.append(_sample(case.run_default, inputs, inner))
+                aligned.append(_sample(case.run_aligned, inputs, inner))
+    aligned_us = statistics.median(aligned) * 1e6
+    return Timing(case.name, case.shape_desc, aligned_us, statistics.median(default) * 1e6)
+
+
+def format_table(timings: list[Timing]) -> str:
+    """Markdown table: op | shape | aligned us | default us | aligned/default time | throughput ratio."""
+    lines = [
+        "| op | shape | aligned (us) | default (us) | time aligned/default | throughput aligned/default |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for t in timings:
+        lines.append(
+            f"| {t.name} | {t.shape_desc} | {t.aligned_us:.1f} | {t.default_us:.1f} "
+            f"| {t.time_ratio:.2f} | {t.throughput_ratio:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def summarize(timings: list[Timing]) -> str:
+    """Geometric-mean and worst throughput ratio per op name."""
+    by_op: dict[str, list[float]] = {}
+    for t in timings:
+        by_op.setdefault(t.name, []).append(t.throughput_ratio)
+    lines = ["| op | cases | geomean throughput | worst |", "|---|---:|---:|---:|"]
+    for op, ratios in by_op.items():
+        geo = statistics.geometric_mean(ratios)
+        lines.append(f"| {op} | {len(ratios)} | {geo:.2f}x | {min(ratios):.2f}x |")
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""Default dense ops: the fastest stock torch path, as an unaligned stack runs it.
+
+F.linear (MKL sgemm for fp32, oneDNN for bf16) at whatever M arrives; a row-parallel
+linear is a local GEMM plus ``all_reduce(SUM)``; RMSNorm in the HF formulation; torch's
+fused ``silu``; an lm_head in the activation dtype, upcast afterwards; quantized linears
+as W8A8 / W4A4 with one activation scale for the whole batch. ``processed_log_softmax`` is
+the shared sampler definition from the aligned module: the distribution is a definition,
+not a kernel choice.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..aligned.dense import processed_log_softmax  # noqa: F401  (re-exported: one shared definition)
+from ..base import QuantizedWeight
+from ..quant import cached_dequantize, fake_quantize_activations_nvfp4, quantize_activations_fp8_per_tensor
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def row_parallel_linear(
+    x_local: torch.Tensor,
+    weight_local: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    group=None,
+    virtual_shards: int = 4,
+) -> torch.Tensor:
+    out = F.linear(x_local, weight_local)
+    if group is not None:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    variance = xf.pow(2).mean(-1, keepdim=True)
+    return weight * (xf * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
+) -> torch.Tensor:
+    hidden = x.float() * F.silu(gate.float())
+    grouped = hidden.reshape(*hidden.shape[:-1], -1, group_size)
+    variance = grouped.pow(2).mean(-1, keepdim=True)
+    normed = (grouped * torch.rsqrt(variance + eps)).reshape(hidden.shape)
+    return weight * normed.to(x.dtype)
+
+
+def rope(
+    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool = False
+) -> torch.Tensor:
+    # HF style: cos/sin in fp32, cast to the activation dtype, rotation in that dtype
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
+    cos = torch.cos(angles).to(x.dtype)[:, None, :]
+    sin = torch.sin(angles).to(x.dtype)[:, None, :]
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    return torch.square(F.relu(x))
+
+
+def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    h2d = hidden.reshape(-1, hidden.shape[-1])
+    return F.linear(h2d, weight.to(h2d.dtype)).float()
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def quant_linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """W8A8 / W4A4 numerics with one activation scale for the whole batch (what fast paths do):
+    activations are quantized and dequantized with a per-tensor scale, the weight is the
+    cached dequantized weight, the GEMM is F.linear. (``torch._scaled_mm`` computes the same
+    W8A8 product natively but measured 13-40 ms per 1024x1024 call on this CPU, 10-100x slower
+    than this, so it is not the fastest stock path here.)"""
+    if not isinstance(qweight, QuantizedWeight):
+        raise TypeError(f"qweight must be a QuantizedWeight, got {type(qweight).__name__}")
+    x2d = x.reshape(-1, x.shape[-1])
+    if qweight.format == "fp8":
+        codes, scale = quantize_activations_fp8_per_tensor(x2d)
+        x_q = (codes.float() * scale).to(x.dtype)
+    else:
+        x_q = fake_quantize_activations_nvfp4(x2d)
+    out = F.linear(x_q, cached_dequantize(qweight, x.dtype), bias)
+    return out.reshape(*x.shape[:-1], qweight.shape[0])

@@ -1,0 +1,183 @@
+"""Layout invariance: linear computed tensor-parallel at degree 1, 2 and 4 gives identical bits.
+
+Column-parallel: each rank multiplies by its slice of the output dim; concatenating the
+slices must equal the unsharded result. Row-parallel: each rank holds a slice of K; the
+aligned ``row_parallel_linear`` cuts K into ``virtual_shards`` pieces at every degree and
+sums all partials in one fixed tree, so the result does not depend on the degree. Shards
+are computed locally (every rank's share in one process, combined exactly as the gather
+does) and, once, across two real gloo processes. Inverse tests show the default set
+(local GEMM + all_reduce sum) gives different bits at different degrees.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from zeromismatch.kernels import collectives, get_kernels
+from zeromismatch.kernels.aligned.gemm import row_invariant_linear
+
+ALIGNED = get_kernels("aligned")
+DEFAULT = get_kernels("default")
+DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
+
+
+def _randn(shape, dtype=torch.float32, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _aligned_row_parallel_simulated(x, w, degree, virtual_shards):
+    """Every rank's partials computed here, concatenated in rank order = what gather returns."""
+    pieces = []
+    for rank in range(degree):
+        x_r, w_r = collectives.shard_rows(x, w, degree, rank)
+        local = collectives.check_virtual_shards(x_r.shape[-1], degree, virtual_shards)
+        pieces += collectives.virtual_shard_partials(x_r, w_r, local, row_invariant_linear)
+    return collectives.tree_sum(pieces).to(x.dtype)
+
+
+def _default_row_parallel_simulated(x, w, degree):
+    partials = [DEFAULT.linear(*collectives.shard_rows(x, w, degree, r)) for r in range(degree)]
+    total = partials[0]
+    for p in partials[1:]:  # a ring all_reduce adds in rank order
+        total = total + p
+    return total
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    m=st.integers(1, 20),
+    k8=st.integers(1, 40),
+    n4=st.integers(1, 60),
+    dtype=DTYPES,
+    seed=st.integers(0, 2**16),
+)
+def test_column_parallel_degrees_1_2_4_identical(m, k8, n4, dtype, seed):
+    x = _randn((m, 8 * k8), dtype, seed)
+    w = _randn((4 * n4, 8 * k8), dtype, seed + 1)
+    full = ALIGNED.linear(x, w)
+    for degree in (2, 4):
+        shards = [ALIGNED.linear(x, collectives.shard_columns(w, degree, r)) for r in range(degree)]
+        assert torch.equal(torch.cat(shards, dim=-1), full)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    m=st.integers(1, 20),
+    k8=st.integers(1, 40),
+    n=st.integers(1, 200),
+    dtype=DTYPES,
+    seed=st.integers(0, 2**16),
+    with_bias=st.booleans(),
+)
+def test_row_parallel_degrees_1_2_4_identical(m, k8, n, dtype, seed, with_bias):
+    x = _randn((m, 8 * k8), dtype, seed)
+    w = _randn((n, 8 * k8), dtype, seed + 1)
+    bias = _randn((n,), dtype, seed + 2) if with_bias else None
+    tp1 = ALIGNED.row_parallel_linear(x, w, bias, group=None, virtual_shards=8)
+    for degree in (1, 2, 4):
+        out = _aligned_row_parallel_simulated(x, w, degree, 8)
+        if bias is not None:
+            out = out + bias
+        assert torch.equal(out, tp1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(1, 12), dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_row_parallel_is_also_row_invariant(m, dtype, seed):
+    x = _randn((m, 256), dtype, seed)
+    w = _randn((64, 256), dtype, seed + 1)
+    full = ALIGNED.row_parallel_linear(x, w)
+    for i in range(m):
+        assert torch.equal(ALIGNED.row_parallel_linear(x[i : i + 1], w)[0], full[i])
+
+
+def test_default_row_parallel_differs_between_degrees():
+    cases = [
+        (m, k, dt, s)
+        for dt in (torch.float32, torch.bfloat16)
+        for m in (1, 4, 16)
+        for k in (256, 1024)
+        for s in range(3)
+    ]
+
+    def same(case):
+        m, k, dt, s = case
+        x, w = _randn((m, k), dt, s), _randn((128, k), dt, s + 1)
+        tp1 = _default_row_parallel_simulated(x, w, 1)
+        return all(torch.equal(_default_row_parallel_simulated(x, w, d), tp1) for d in (2, 4))
+
+    assert any(not same(c) for c in cases)
+
+
+def test_virtual_shard_errors_are_clear():
+    x, w = torch.randn(2, 12), torch.randn(3, 12)
+    with pytest.raises(ValueError, match="must divide virtual_shards"):
+        collectives.check_virtual_shards(6, 3, 4)
+    with pytest.raises(ValueError, match="not divisible"):
+        ALIGNED.row_parallel_linear(x, w, virtual_shards=8)
+    with pytest.raises(ValueError, match="at least one"):
+        collectives.tree_sum([])
+
+
+def test_tree_sum_order_is_fixed_pairwise():
+    a, b, c = torch.tensor([1e8]), torch.tensor([1.0]), torch.tensor([-1e8])
+    # ((a+b)+c) in fp32 loses b; the tree computes (a+b)+c for three items as well
+    assert torch.equal(collectives.tree_sum([a, b, c]), (a + b) + c)
+    parts = [torch.tensor([float(i)]) for i in range(5)]
+    expected = ((parts[0] + parts[1]) + (parts[2] + parts[3])) + parts[4]
+    assert torch.equal(collectives.tree_sum(parts), expected)
+
+
+# ---- one real two-process gloo run ---------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = {}
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            x, w = _randn((5, 256), dtype, 11), _randn((48, 256), dtype, 12)
+            bias = _randn((48,), dtype, 13)
+            x_r, w_r = collectives.shard_rows(x, w, world, rank)
+            group = dist.group.WORLD
+            results[f"aligned_row_{name}"] = ALIGNED.row_parallel_linear(x_r, w_r, bias, group, 4)
+            xf, wf = x_r.float(), w_r.float()
+            results[f"default_row_{name}"] = DEFAULT.row_parallel_linear(xf, wf, None, group)
+            w_c = collectives.shard_columns(w, world, rank)
+            results[f"aligned_col_{name}"] = torch.cat(
+                collectives.all_gather_stacked(ALIGNED.linear(x, w_c), dist.group.WORLD).unbind(0), dim=-1
+            )
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_gloo_world_size_2_matches_tp1():
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_gloo_worker, args=(2, _free_port(), out_dir), nprocs=2, join=True)
+        ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
+    default_differs = False
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        x, w, bias = _randn((5, 256), dtype, 11), _randn((48, 256), dtype, 12), _randn((48,), dtype, 13)
+        tp1 = ALIGNED.row_parallel_linear(x, w, bias, virtual_shards=4)
+        for res in ranks:
+            assert torch.equal(res[f"aligned_row_{name}"], tp1)
+            assert torch.equal(res[f"aligned_col_{name}"], ALIGNED.linear(x, w))
+        default_tp1 = DEFAULT.linear(x.float(), w.float())
+        default_differs |= not torch.equal(ranks[0][f"default_row_{name}"], default_tp1)
+    assert default_differs
