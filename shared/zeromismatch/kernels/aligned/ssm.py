@@ -1,0 +1,204 @@
+"""Aligned Mamba2 ops: causal depthwise conv and selective scan, one evaluation order for all phases.
+
+causal_conv1d: each sequence's window is ``[conv_state (W-1 previous inputs), x]``; the output
+at t is ``sum_w weight[:, w] * window[t + w]`` accumulated in ascending w in fp32, then
+``+ bias``, then silu (as x / (1 + exp(-x))). Only elementwise ops are involved, so a token's
+output is the same whether its sequence is run in one call, split at any point (carrying the
+returned state), or one token at a time.
+
+ssm_scan: the recurrent order, for every token, in every phase (Mamba2 semantics of
+transformers' ``mamba2_selective_state_update`` / ``mamba2_chunk_scan``)::
+
+    dt_t = clamp(softplus(dt_t + dt_bias), dt_limit)
+    h_t  = exp(dt_t * A) * h_{t-1} + (dt_t * B_t[group]) (outer) x_t      (heads -> groups in order)
+    y_t  = sum_n h_t[..., n] * C_t[group, n] + D * x_t
+
+Why not the chunked SSD algorithm with chunk boundaries fixed at absolute positions: a decode
+step would then need the within-chunk history (B, C, x, dt of earlier tokens of the chunk),
+which the contract's state ``[S, Hs, P, N]`` does not carry. The recurrence is inherently
+sequential in t, but its per-token work is two elementwise ops on the state; everything
+that does not depend on h (dt, exp(dt*A), the dt*B*x outer products) is computed for a whole
+block of tokens at once, and the readout ``y = h . C`` for all tokens of a block is one
+last-dim reduction over N (a fixed length, measured row-count invariant on this CPU). All
+sequences of a call advance in lock-step; a sequence that has ended is frozen with
+``torch.where`` (its state is never touched again). The state is fp32 in and out; y is
+returned in x's dtype. softplus is exp/log based (``torch.nn.functional.softplus`` and
+``torch.log1p`` change bits with tensor size on this CPU; exp, log and division do not).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: tokens per block whose h-independent terms (and readout) are computed together; no numeric effect
+_TIME_BLOCK = 4
+
+
+def stable_silu(x: torch.Tensor) -> torch.Tensor:
+    """silu with bits independent of the tensor's size (torch's silu is not, on this CPU)."""
+    return x / (1.0 + torch.exp(-x))
+
+
+def stable_softplus(x: torch.Tensor) -> torch.Tensor:
+    """softplus (threshold 20, as torch) as log1p(exp(x)), log1p(u) = log(1+u) * u / ((1+u) - 1)."""
+    u = torch.exp(torch.clamp(x, max=20.0))
+    one_plus = 1.0 + u
+    denom = one_plus - 1.0
+    log1p = torch.where(denom == 0, u, torch.log(one_plus) * (u / torch.where(denom == 0, 1.0, denom)))
+    return torch.where(x > 20.0, x, log1p)
+
+
+def _check_cu(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError("cu_seqlens must be a 1-D offsets tensor [S+1] with S >= 1")
+    cu = cu_seqlens.to(torch.int64)
+    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={total}, got {cu.tolist()}")
+    return cu
+
+
+def _pad_by_sequence(x: torch.Tensor, cu: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed [T, ...] -> [S, max_len, ...] (zeros after each end), plus the valid mask [S, max_len]."""
+    lens = cu[1:] - cu[:-1]
+    steps = torch.arange(max_len, device=x.device)
+    valid = steps[None, :] < lens[:, None]
+    if x.shape[0] == valid.numel():  # every sequence has max_len tokens: a view, no gather
+        return x.view(valid.shape + x.shape[1:]), valid
+    idx = torch.where(valid, cu[:-1, None] + steps[None, :], 0)
+    padded = x[idx.clamp(max=max(x.shape[0] - 1, 0))] if x.shape[0] else x.new_zeros(idx.shape + x.shape[1:])
+    mask = valid.view(valid.shape + (1,) * (x.dim() - 1))
+    return torch.where(mask, padded, torch.zeros((), dtype=x.dtype, device=x.device)), valid
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cu_seqlens: torch.Tensor,
+    conv_state: torch.Tensor | None = None,
+    activation: str = "silu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv over packed sequences (see module docstring)."""
+    cu, width = check_conv(x, weight, bias, cu_seqlens, conv_state, activation)
+    num_seqs, channels = cu.numel() - 1, x.shape[1]
+    lens = cu[1:] - cu[:-1]
+    max_len = int(lens.max())
+    state = conv_state if conv_state is not None else x.new_zeros(num_seqs, channels, width - 1)
+    padded, _ = _pad_by_sequence(x, cu, max_len)  # [S, L, C]
+    window = torch.cat([state.to(x.dtype).transpose(1, 2), padded], dim=1).float()  # [S, W-1+L, C]
+    w32 = weight.float()
+    acc = window[:, 0:max_len] * w32[:, 0]
+    for w in range(1, width):
+        acc = acc + window[:, w : w + max_len] * w32[:, w]
+    if bias is not None:
+        acc = acc + bias.float()
+    if activation == "silu":
+        acc = stable_silu(acc)
+    y = acc.to(x.dtype)
+    steps = torch.arange(max_len, device=x.device)
+    valid = steps[None, :] < lens[:, None]
+    out = y.view(-1, channels) if x.shape[0] == valid.numel() else y[valid]  # packed in sequence order
+    # new state: the last W-1 inputs of [state, x] per sequence
+    last = lens[:, None] + torch.arange(width - 1, device=x.device)[None, :]  # index into window
+    new_state = window.to(x.dtype).gather(1, last[:, :, None].expand(-1, -1, channels)).transpose(1, 2)
+    return out, new_state.contiguous()
+
+
+def check_conv(x, weight, bias, cu_seqlens, conv_state, activation) -> tuple[torch.Tensor, int]:
+    if activation not in ("silu", None, "identity"):
+        raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"x must be [T, C] and weight [C, W]; got {tuple(x.shape)}, {tuple(weight.shape)}")
+    width = weight.shape[1]
+    if width < 2:
+        raise ValueError(f"conv width must be >= 2, got {width}")
+    if bias is not None and bias.shape != (x.shape[1],):
+        raise ValueError(f"bias must be [C={x.shape[1]}], got {tuple(bias.shape)}")
+    cu = _check_cu(cu_seqlens, x.shape[0])
+    if conv_state is not None and conv_state.shape != (cu.numel() - 1, x.shape[1], width - 1):
+        raise ValueError(f"conv_state must be [S, C, W-1], got {tuple(conv_state.shape)}")
+    return cu, width
+
+
+def check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state) -> torch.Tensor:
+    if x.dim() != 3:
+        raise ValueError(f"x must be [T, Hs, P], got {tuple(x.shape)}")
+    total, heads, head_dim = x.shape
+    if dt.shape != (total, heads):
+        raise ValueError(f"dt must be [T, Hs] = {(total, heads)}, got {tuple(dt.shape)}")
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t.shape != (heads,):
+            raise ValueError(f"{name} must be [Hs={heads}], got {tuple(t.shape)}")
+    if B.dim() != 3 or B.shape != C.shape or B.shape[0] != total or heads % B.shape[1] != 0:
+        raise ValueError(
+            f"B and C must be [T, G, N] with Hs % G == 0; got {tuple(B.shape)}, {tuple(C.shape)}"
+        )
+    cu = _check_cu(cu_seqlens, total)
+    if ssm_state is not None and ssm_state.shape != (cu.numel() - 1, heads, head_dim, B.shape[2]):
+        raise ValueError(f"ssm_state must be [S, Hs, P, N], got {tuple(ssm_state.shape)}")
+    return cu
+
+
+def ssm_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    ssm_state: torch.Tensor | None = None,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba2 selective scan in recurrent order (see module docstring)."""
+    cu = check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state)
+    num_seqs = cu.numel() - 1
+    _, heads, head_dim = x.shape
+    groups, state_size = B.shape[1], B.shape[2]
+    lens = cu[1:] - cu[:-1]
+    max_len = int(lens.max())
+    state = (
+        ssm_state.float().clone()
+        if ssm_state is not None
+        else torch.zeros(num_seqs, heads, head_dim, state_size, dtype=torch.float32, device=x.device)
+    )
+    x_p, valid = _pad_by_sequence(x.float(), cu, max_len)  # [S, L, Hs, P]
+    dt_p, _ = _pad_by_sequence(dt.float(), cu, max_len)
+    rep = heads // groups
+    B_p = _pad_by_sequence(B.float(), cu, max_len)[0].repeat_interleave(rep, dim=2)  # [S, L, Hs, N]
+    C_p = _pad_by_sequence(C.float(), cu, max_len)[0].repeat_interleave(rep, dim=2)
+    dt_p = stable_softplus(dt_p + dt_bias.float())
+    dt_p = torch.clamp(dt_p, min=dt_limit[0], max=dt_limit[1])
+    decay = torch.exp(dt_p * A.float())  # [S, L, Hs]
+    y_p = torch.empty(num_seqs, max_len, heads, head_dim, dtype=torch.float32, device=x.device)
+    ragged = bool((lens != max_len).any())
+    track_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, dt, A, B, C, D, dt_bias, ssm_state)
+    )
+    for t0 in range(0, max_len, _TIME_BLOCK):
+        t1 = min(max_len, t0 + _TIME_BLOCK)
+        dB = dt_p[:, t0:t1, :, None] * B_p[:, t0:t1]  # [S, l, Hs, N]
+        dBx = dB[:, :, :, None, :] * x_p[:, t0:t1, :, :, None]  # [S, l, Hs, P, N]
+        decay_blk = decay[:, t0:t1, :, None, None]
+        if track_grad:  # autograd cannot record out= ops: same two ops, new tensors
+            steps = []
+            for t in range(t1 - t0):
+                new_state = state * decay_blk[:, t] + dBx[:, t]
+                if ragged:
+                    new_state = torch.where(valid[:, t0 + t, None, None, None], new_state, state)
+                steps.append(new_state)
+                state = new_state
+            states = torch.stack(steps, dim=1)
+        else:
+            states = torch.empty_like(dBx)
+            for t in range(t1 - t0):
+                step = states[:, t]
+                torch.mul(state, decay_blk[:, t], out=step)  # two separate roundings, as in a decode step
+                step.add_(dBx[:, t])
+                if ragged:
+                    step.copy_(torch.where(valid[:, t0 + t, None, None, None], step, state))
+                state = step
+        y_p[:, t0:t1] = (states * C_p[:, t0:t1, :, None, :]).sum(-1) + D.float()[:, None] * x_p[:, t0:t1]
+    y = y_p.view(-1, heads, head_dim) if not ragged else y_p[valid]
+    return y.to(x.dtype), state.clone()
