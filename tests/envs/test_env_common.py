@@ -99,8 +99,13 @@ def test_tasks_do_not_depend_on_the_process_hash_seed():
         "    print(repr([env.task(s, sp).prompt for sp in ('train', 'eval') for s in range(5)]))\n"
     )
     outputs = [
-        subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": hash_seed},
-                       capture_output=True, text=True, check=True).stdout
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for hash_seed in ("1", "2")
     ]
     here = "".join(

@@ -55,8 +55,12 @@ def test_unavailable_actions_give_error_observations():
 def test_truncation_after_max_turns():
     env = DesktopEnv(max_turns=4)
     env.reset(3)
-    results = [env.step("<act>open menu</act>"), env.step("<act>close</act>"),
-               env.step("<act>open menu</act>"), env.step("<act>close</act>")]
+    results = [
+        env.step("<act>open menu</act>"),
+        env.step("<act>close</act>"),
+        env.step("<act>open menu</act>"),
+        env.step("<act>close</act>"),
+    ]
     assert results[-1].done and results[-1].reward == 0.0 and results[-1].info["truncated"]
 
 

@@ -8,8 +8,18 @@ from zeromismatch.envs.safe_eval import UnsafeExpressionError, safe_eval
 
 @pytest.mark.parametrize(
     ("expression", "value"),
-    [("1+2*3", 7), ("(1+2)*3", 9), ("-7//2", -4), ("17%5", 2), ("2**10", 1024), ("-(3-5)", 2),
-     ("+4", 4), (" 12 * 12 ", 144), ("123*45+67", 5602), ("2**3**2", 512)],
+    [
+        ("1+2*3", 7),
+        ("(1+2)*3", 9),
+        ("-7//2", -4),
+        ("17%5", 2),
+        ("2**10", 1024),
+        ("-(3-5)", 2),
+        ("+4", 4),
+        (" 12 * 12 ", 144),
+        ("123*45+67", 5602),
+        ("2**3**2", 512),
+    ],
 )
 def test_allowed_arithmetic(expression, value):
     assert safe_eval(expression) == value

@@ -18,5 +18,3 @@ def tiny_config(**overrides) -> RLConfig:
 def read_metrics(run_dir) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")} for line in lines]
-
-

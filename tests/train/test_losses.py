@@ -254,8 +254,13 @@ def test_all_losses_registered_and_finite_on_float32():
 def test_bad_inputs_raise_clear_errors():
     good = make_batch()
     with pytest.raises(ValueError, match="responses \\[1\\] have no tokens"):
-        PolicyBatch(good.learner_logprobs, good.rollout_logprobs,
-                    torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1], [1, 1, 0]]), good.rewards, good.group_ids)
+        PolicyBatch(
+            good.learner_logprobs,
+            good.rollout_logprobs,
+            torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1], [1, 1, 0]]),
+            good.rewards,
+            good.group_ids,
+        )
     with pytest.raises(ValueError, match="rollout_logprobs has shape"):
         PolicyBatch(
             good.learner_logprobs, good.rollout_logprobs[:, :2], good.mask, good.rewards, good.group_ids

@@ -1,0 +1,169 @@
+"""Rollout throughput: engine aligned ÷ default, and engine (aligned) ÷ HF ``generate``.
+
+One run measures all three side by side on the same weights and the same prompts:
+- ``engine-aligned`` and ``engine-default``: ``zeromismatch.engine.LLM`` with the aligned
+  and the default kernel sets (continuous batching, all prompts admitted at once);
+- ``hf-generate``: Hugging Face transformers ``generate`` on a model built from the same
+  config and loaded with the same HF state dict (``state_dict_hf``), left-padded batch,
+  ``do_sample=True`` with the same temperature, ``top_k=0``, fixed ``max_new_tokens``
+  (``min_new_tokens`` too, so no request stops early).
+Each repetition runs the three in rotating order; tokens/s = generated tokens / wall
+seconds, and the reported ratios are ratios of the per-system *medians*. The published
+reference for aligned ÷ default is 0.913 (S1); this script makes no claim about GPUs.
+
+Usage: ``python benchmarks/rollout.py [--model tiny-qwen3] [--batch 32] [--new-tokens 128]
+[--repeats 5] [--threads 1] [--out results/reproduced/benchmarks/rollout.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from zeromismatch._provenance import provenance
+from zeromismatch.engine import LLM, SamplingParams
+from zeromismatch.engine.llm import build_preset
+from zeromismatch.io import atomic_write_json
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def make_prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
+
+
+def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: float) -> tuple[float, int]:
+    llm = LLM(
+        model,
+        kernels,
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=max(2048, sum(map(len, prompts))),
+        enable_prefix_caching=False,
+        block_size=16,
+    )
+    params = SamplingParams(temperature=temperature, max_tokens=new_tokens, seed=1)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(len(o.token_ids) for o in outputs)
+
+
+def build_hf_model(model, dtype: torch.dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_dict = model.config.to_hf_dict()
+    config = AutoConfig.for_model(**hf_dict)
+    hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    missing, unexpected = hf.load_state_dict(model.state_dict_hf(), strict=False)
+    # rotary inv_freq buffers are recomputed by transformers and not part of the checkpoint
+    missing = [m for m in missing if "rotary_emb" not in m]
+    if missing or unexpected:
+        raise ValueError(
+            f"HF model does not match the state dict: missing {missing}, unexpected {unexpected}"
+        )
+    return hf.eval()
+
+
+def hf_logits_gap(model, hf, prompt: list[int]) -> float:
+    """max |logit| difference between our model (trainer mode) and the HF model on one prompt:
+    evidence that both run the same weights (different kernels, so not bitwise)."""
+    from zeromismatch.models import ForwardBatch
+
+    with torch.no_grad():
+        ours = model.compute_logits(model(ForwardBatch.for_training([torch.tensor(prompt)]), None))
+        theirs = hf(input_ids=torch.tensor([prompt])).logits[0].float()
+    return float((ours - theirs).abs().max())
+
+
+def time_hf(hf, prompts, new_tokens: int, temperature: float) -> tuple[float, int]:
+    ids = torch.tensor(prompts, dtype=torch.int64)  # equal-length prompts: no padding needed
+    mask = torch.ones_like(ids)
+    torch.manual_seed(1)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
+        )
+    elapsed = time.perf_counter() - start
+    return elapsed, int((out.shape[1] - ids.shape[1]) * ids.shape[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-qwen3")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for all systems (1 default: on a shared machine, OpenMP barriers under "
+        "oversubscription stall multi-threaded runs far more than they speed them up)",
+    )
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--out", default="results/reproduced/benchmarks/rollout.json")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    model = build_preset(args.model, "aligned", dtype, args.seed)
+    prompts = make_prompts(args.batch, args.prompt_len, int(model.config.vocab_size), args.seed)
+    systems = ["engine-aligned", "engine-default"] + ([] if args.no_hf else ["hf-generate"])
+    hf = None if args.no_hf else build_hf_model(model, dtype)
+    runs: dict[str, list[dict]] = {name: [] for name in systems}
+    # warm-up (allocator, lazy inits) -- not timed
+    time_engine(model, "aligned", prompts[:2], 2, args.temperature)
+    time_engine(model, "default", prompts[:2], 2, args.temperature)
+    for rep in range(args.repeats):
+        order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
+        for name in order:
+            if name == "hf-generate":
+                seconds, tokens = time_hf(hf, prompts, args.new_tokens, args.temperature)
+            else:
+                kernels = name.split("-", 1)[1]
+                seconds, tokens = time_engine(model, kernels, prompts, args.new_tokens, args.temperature)
+                model.set_kernels("aligned")
+            runs[name].append({"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds})
+            print(f"rep {rep} {name:15s} {tokens} tokens in {seconds:.3f} s = {tokens / seconds:.1f} tok/s")
+    medians = {name: statistics.median(r["tokens_per_s"] for r in runs[name]) for name in systems}
+    result = {
+        "benchmark": "rollout",
+        "config": vars(args),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_end": list(os.getloadavg()),
+        "runs": runs,
+        "median_tokens_per_s": medians,
+        "ratio_aligned_over_default": medians["engine-aligned"] / medians["engine-default"],
+        "targets": {"aligned_over_default": 0.95, "engine_over_hf": 3.0},
+        "published": {"aligned_over_default": 0.913, "source": "S1"},
+        "provenance": provenance(config=vars(args)),
+    }
+    if hf is not None:
+        result["hf_same_weights_max_abs_logit_diff"] = hf_logits_gap(model, hf, prompts[0])
+        result["ratio_engine_aligned_over_hf"] = medians["engine-aligned"] / medians["hf-generate"]
+    atomic_write_json(Path(args.out), result)
+    print({k: v for k, v in result.items() if k.startswith("ratio") or k == "median_tokens_per_s"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""``zm parity``: rollout-vs-trainer logprob mismatch on a randomized engine workload.
+
+Workload (deterministic in ``--seed``): ``--num-prompts`` prompts of random length, half
+of them sharing a random common prefix (so the prefix cache is exercised), each with its
+own sampling seed; arrivals are staggered over engine steps (0-2 steps apart), so the
+batch composition changes at almost every step, and prompts longer than
+``--prefill-chunk`` are prefilled in chunks next to other requests' decodes. The engine
+(``--tp`` workers) generates up to ``--max-tokens`` tokens per prompt; then the trainer
+(``--trainer-tp``) recomputes every sampled token's logprob with its own packing: other
+micro-batch sizes and the reverse order. Output: diff_max, diff_mean, diff_std, k3_kl
+(``zeromismatch.metrics.mismatch.logprob_diff_stats``), tokens, identical.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def make_workload(
+    seed: int, num_prompts: int, vocab_size: int, max_prompt_len: int, params_kwargs: dict
+) -> list[tuple[int, list[int], object]]:
+    """``[(arrival_step, prompt_token_ids, SamplingParams)]`` in arrival order."""
+    from ..engine import SamplingParams
+
+    gen = torch.Generator().manual_seed(seed)
+    max_prompt_len = max(2, max_prompt_len)
+    prefix_len = int(torch.randint(1, max(2, max_prompt_len // 2), (1,), generator=gen))
+    prefix = torch.randint(0, vocab_size, (prefix_len,), generator=gen).tolist()
+    workload, arrival = [], 0
+    for i in range(num_prompts):
+        length = int(torch.randint(1, max_prompt_len + 1, (1,), generator=gen))
+        prompt = torch.randint(0, vocab_size, (length,), generator=gen).tolist()
+        if i % 2 == 1:
+            prompt = (prefix + prompt)[:max_prompt_len]
+        params = SamplingParams(seed=seed * 100_003 + i, **params_kwargs)
+        workload.append((arrival, prompt, params))
+        arrival += int(torch.randint(0, 3, (1,), generator=gen))
+    return workload
+
+
+def run_engine_workload(llm, workload) -> list:
+    """Feed ``workload`` through the step API with its staggered arrivals; outputs in order."""
+    finished: dict[str, object] = {}
+    pending = list(enumerate(workload))
+    step = 0
+    while pending or llm.has_unfinished():
+        while pending and pending[0][1][0] <= step:
+            index, (_, prompt, params) = pending.pop(0)
+            llm.add_request(prompt, params, request_id=str(index))
+        for out in llm.step():
+            if out.finished:
+                finished[out.request_id] = out
+        step += 1
+    return [finished[str(i)] for i in range(len(workload))]
+
+
+def _trainer_worker(rank, group, preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order):
+    from ..engine.llm import build_preset
+    from ..train.logprobs import compute_logprobs
+
+    model = build_preset(preset, kernels, dtype, seed, quant, tp_group=group)
+    return compute_logprobs(model, prompts, responses, params, micro_batch_size=mbs, order=order)
+
+
+def trainer_logprobs(preset, kernels, dtype, seed, quant, trainer_tp, outputs) -> list[torch.Tensor]:
+    """The trainer's recompute: packing independent of the engine (reverse order, ~thirds)."""
+    from ..engine.tp import run_spmd
+
+    prompts = [o.prompt_token_ids for o in outputs]
+    responses = [o.token_ids for o in outputs]
+    params = [o.sampling_params for o in outputs]
+    mbs = max(1, (len(outputs) + 2) // 3)
+    order = list(range(len(outputs)))[::-1]
+    args = (preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order)
+    if trainer_tp == 1:
+        return _trainer_worker(0, None, *args)
+    return run_spmd(_trainer_worker, trainer_tp, *args)
+
+
+def diff_stats(rollout: torch.Tensor, trainer: torch.Tensor) -> dict:
+    from ..metrics.mismatch import logprob_diff_stats
+
+    return logprob_diff_stats(rollout, trainer)
+
+
+def run_parity(
+    model: str,
+    kernels: str = "aligned",
+    seed: int = 0,
+    num_prompts: int = 8,
+    max_tokens: int = 16,
+    tp: int = 1,
+    trainer_tp: int = 1,
+    prefill_chunk: int | None = 8,
+    max_num_seqs: int = 4,
+    quant: str = "none",
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    dtype: str = "fp32",
+    logprobs_mode: str = "processed",
+    max_num_batched_tokens: int = 32,
+    max_prompt_len: int = 40,
+) -> dict:
+    from ..engine import LLM
+    from ..engine.llm import build_preset
+    from ..models import resolve_config
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    torch_dtype = DTYPES[dtype]
+    params_kwargs = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, logprobs_mode=logprobs_mode
+    )
+    engine_kwargs = dict(
+        dtype=torch_dtype,
+        seed=seed,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        prefill_chunk=prefill_chunk,
+        block_size=8,
+        quant=quant,
+        tp=tp,
+    )
+    if tp == 1:
+        llm = LLM(
+            build_preset(model, kernels, torch_dtype, seed, quant),
+            kernels,
+            **{**engine_kwargs, "quant": None},
+        )
+    else:
+        llm = LLM(model, kernels, **engine_kwargs)
+    try:
+        vocab = int(resolve_config(model).vocab_size)
+        workload = make_workload(seed, num_prompts, vocab, max_prompt_len, params_kwargs)
+        outputs = run_engine_workload(llm, workload)
+        stats = {
+            "prefix_cache_hits": int(llm.prefix_cache_hits()),
+            "num_cached_prompt_tokens": sum(o.num_cached_tokens for o in outputs),
+        }
+    finally:
+        if tp > 1:
+            llm.close()
+    trainer = trainer_logprobs(model, kernels, torch_dtype, seed, quant, trainer_tp, outputs)
+    rollout = torch.cat([torch.tensor(o.logprobs, dtype=torch.float32) for o in outputs])
+    result = diff_stats(rollout, torch.cat(trainer))
+    result.update(stats)
+    result.update(
+        model=model,
+        kernels=kernels,
+        seed=seed,
+        num_prompts=num_prompts,
+        max_tokens=max_tokens,
+        tp=tp,
+        trainer_tp=trainer_tp,
+        prefill_chunk=prefill_chunk,
+        max_num_seqs=max_num_seqs,
+        quant=quant,
+        dtype=dtype,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        logprobs_mode=logprobs_mode,
+    )
+    return result
+
+
+def register(sub) -> None:
+    p = sub.add_parser("parity", help="rollout-vs-trainer logprob diff on a randomized engine workload")
+    p.add_argument("--model", required=True, help="model preset, e.g. tiny-qwen3")
+    p.add_argument("--kernels", default="aligned", help="kernel set: aligned | default")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--tp", type=int, default=1, help="engine tensor-parallel degree")
+    p.add_argument("--trainer-tp", type=int, default=1, help="trainer tensor-parallel degree")
+    p.add_argument("--prefill-chunk", type=int, default=8, help="max prompt tokens per request per step")
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument("--max-num-batched-tokens", type=int, default=32)
+    p.add_argument("--quant", choices=["none", "fp8", "nvfp4"], default="none")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="activation/weight dtype")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--logprobs-mode", choices=["processed", "raw"], default="processed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        result = run_parity(
+            model=args.model,
+            kernels=args.kernels,
+            seed=args.seed,
+            num_prompts=args.num_prompts,
+            max_tokens=args.max_tokens,
+            tp=args.tp,
+            trainer_tp=args.trainer_tp,
+            prefill_chunk=args.prefill_chunk,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            quant=args.quant,
+            dtype=args.dtype,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            logprobs_mode=args.logprobs_mode,
+        )
+    except (ValueError, TypeError) as err:
+        print(f"zm parity: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return 0
+    for key in ("diff_max", "diff_mean", "diff_std", "k3_kl", "tokens", "identical"):
+        print(f"{key:10s} {result[key]}")
+    return 0

@@ -1,0 +1,290 @@
+"""``LLM``: the engine's front door (vLLM-shaped), plus the step API for RL loops.
+
+``LLM(model, kernels="aligned", ...)`` wires request validation, the continuous-
+batching scheduler, the paged block manager with its version-keyed prefix cache, the
+model runner and the sampler. ``generate`` runs a list of prompts to completion;
+``add_request`` / ``step`` / ``has_unfinished`` / ``abort`` let an RL loop interleave
+generation with ``update_weights``. Every sampled token carries its logprob (in the
+request's ``logprobs_mode``) and the weight version that produced it.
+
+Bad input (empty prompt, a prompt that leaves no room under the model's context
+length, token ids outside the vocabulary, bad sampling parameters) is rejected per
+request with one ValueError/TypeError; ``generate`` turns it into an output with
+``finish_reason="error"`` and keeps serving the other prompts.
+
+The PipelineRL fixes (S2) are explicit options: ``logprobs_mode`` per request (fix 1),
+``prefix_cache_versioned`` (fix 2), the ``update_weights`` mode (fix 3) and the kernel
+set's lm_head precision (fix 4: aligned = fp32 head; default = activation-dtype head).
+``tp > 1`` runs the same engine SPMD in spawned gloo workers (see ``tp.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+
+from ..kernels import get_kernels
+from .kv_cache import BlockManager
+from .request import Request, RequestOutput, RequestStatus
+from .runner import ModelRunner
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .weights import merged_state_dict, validate_update_mode
+
+QUANT_FORMATS = ("none", "fp8", "nvfp4")
+
+
+def build_preset(preset: str, kernels="aligned", dtype=torch.float32, seed=0, quant=None, tp_group=None):
+    """``build_model`` + (optionally) ``quantize_model``: what the engine, the trainer and
+    ``zm parity`` all use, so both sides start from the same weights and formats."""
+    from .. import models
+
+    if quant not in (None, *QUANT_FORMATS):
+        raise ValueError(f"quant must be one of {QUANT_FORMATS}, got {quant!r}")
+    model = models.build_model(preset, kernels=kernels, dtype=dtype, seed=seed, tp_group=tp_group)
+    if quant not in (None, "none"):
+        quantize = getattr(models, "quantize_model", None)
+        if quantize is None:
+            raise ValueError("this build of zeromismatch.models has no quantize_model")
+        quantize(model, quant)
+    return model
+
+
+def resolve_model(model, kernels, dtype, seed, quant=None, tp_group=None):
+    if isinstance(model, str):
+        return build_preset(model, kernels, dtype, seed, quant, tp_group)
+    if quant not in (None, "none"):
+        raise ValueError("quant= applies to a preset name; quantize a model object before passing it")
+    if hasattr(model, "set_kernels"):
+        model.set_kernels(kernels)
+    return model
+
+
+class LLM:
+    def __new__(cls, *args, tp: int = 1, tp_group=None, **kwargs):
+        if cls is LLM and tp > 1 and tp_group is None:
+            from .tp import TensorParallelLLM
+
+            return TensorParallelLLM(*args, tp=tp, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        model,
+        kernels="aligned",
+        *,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        max_num_seqs: int = 16,
+        max_num_batched_tokens: int = 512,
+        prefill_chunk: int | None = None,
+        enable_prefix_caching: bool = True,
+        prefix_cache_versioned: bool = True,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        max_model_len: int | None = None,
+        quant: str | None = None,
+        lm_head_precision: str = "fp32",
+        tp: int = 1,
+        tp_group=None,
+    ):
+        if not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tp must be a positive int, got {tp!r}")
+        if tp != 1 and tp_group is None:
+            raise ValueError("LLM(tp>1) is served by TensorParallelLLM; pass tp_group only from its workers")
+        self.kernels = get_kernels(kernels) if isinstance(kernels, str) else kernels
+        self.model = resolve_model(model, kernels, dtype, seed, quant, tp_group)
+        self.vocab_size = int(self.model.config.vocab_size)
+        model_max = int(self.model.config.max_position_embeddings)
+        self.max_model_len = min(max_model_len or model_max, model_max)
+        supports_prefix = bool(getattr(self.model, "supports_prefix_caching", True))
+        self.enable_prefix_caching = enable_prefix_caching and supports_prefix
+        if num_blocks is None:
+            per_seq = -(-self.max_model_len // block_size)
+            num_blocks = max(per_seq, min(max_num_seqs * per_seq, 4096))
+        self.block_manager = BlockManager(
+            num_blocks, block_size, self.enable_prefix_caching, prefix_cache_versioned
+        )
+        self.runner = ModelRunner(
+            self.model, self.kernels, num_blocks, block_size, max_num_seqs, lm_head_precision
+        )
+        # models with per-sequence recurrent state (Mamba2 layers) need a state slot per request
+        uses_state_slots = any(state is not None for state in self.runner.cache.ssm_state)
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs, max_num_batched_tokens, prefill_chunk, uses_state_slots
+        )
+        self.weight_version = 0
+        self._seed_generator = torch.Generator().manual_seed(seed)
+        self._arrivals = itertools.count()
+        self._ids = itertools.count()
+        self._requests: dict[str, Request] = {}
+        self._pending: list[RequestOutput] = []  # finished outside step() (drain/abort), delivered by step()
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self.num_generated_tokens = 0
+
+    # ---- requests ----------------------------------------------------------
+    def _validate_prompt(self, prompt_token_ids) -> list[int]:
+        if isinstance(prompt_token_ids, torch.Tensor):
+            prompt_token_ids = prompt_token_ids.tolist()
+        if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
+            raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt_token_ids).__name__}")
+        tokens = list(prompt_token_ids)
+        if not tokens:
+            raise ValueError("prompt is empty: a request needs at least one prompt token")
+        for token in tokens:
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise TypeError(f"prompt token ids must be ints, got {token!r}")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        if len(tokens) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(tokens)} tokens; the model's maximum context is {self.max_model_len} "
+                "and at least one token must be generated"
+            )
+        return tokens
+
+    def add_request(
+        self, prompt_token_ids, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue one request; returns its id. Raises ValueError/TypeError on bad input."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        tokens = self._validate_prompt(prompt_token_ids)
+        bad_stops = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad_stops:
+            raise ValueError(f"stop_token_ids outside the vocabulary [0, {self.vocab_size}): {bad_stops}")
+        total = min(len(tokens) + params.max_tokens, self.max_model_len)
+        if -(-total // self.block_manager.block_size) > self.block_manager.num_blocks:
+            raise ValueError(f"request needs {total} tokens of KV cache; the cache holds fewer")
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self._requests and not self._requests[request_id].finished:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
+        request = Request(request_id, tokens, params, seed, next(self._arrivals))
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> RequestOutput:
+        request = self._requests.get(str(request_id))
+        if request is None:
+            raise ValueError(f"unknown request id {request_id!r}")
+        if not request.finished:
+            self.scheduler.release(request)
+            request.status = RequestStatus.FINISHED_ABORTED
+        self._requests.pop(request.request_id, None)
+        return request.to_output()
+
+    # ---- one engine step ---------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward, sample. Returns outputs of requests that sampled a token
+        this step (finished or not) and of requests finished by a drain/abort since the last step."""
+        outputs, self._pending = self._pending, []
+        plan = self.scheduler.schedule(self.weight_version)
+        self.num_preemptions += len(plan.preempted)
+        results = self.runner.execute(plan.chunks)
+        for chunk in plan.chunks:
+            chunk.request.num_computed_tokens += chunk.num_tokens
+            self.block_manager.register_computed(chunk.request)
+        for chunk, token, logprob in results:
+            request = chunk.request
+            request.output_token_ids.append(token)
+            request.output_logprobs.append(logprob)
+            request.output_versions.append(self.weight_version)
+            self.num_generated_tokens += 1
+            if token in request.params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+            elif len(request.output_token_ids) >= request.params.max_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH
+            elif request.num_tokens >= self.max_model_len:
+                request.status = RequestStatus.FINISHED_LENGTH
+            if request.finished:
+                self.scheduler.release(request)
+                self._requests.pop(request.request_id, None)
+            outputs.append(request.to_output())
+        self.num_steps += 1
+        return outputs
+
+    def generate(
+        self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run ``prompts`` (token-id lists) to completion; outputs in prompt order. A bad
+        prompt yields an output with ``finish_reason="error"`` and its message in ``error``."""
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        requests: list[Request | None] = []
+        errors = {}
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                requests.append(self._requests[self.add_request(prompt, p)])
+            except (ValueError, TypeError) as err:
+                requests.append(None)
+                errors[i] = str(err)
+        while any(r is not None and not r.finished for r in requests):
+            self.step()
+        return [
+            _error_output(f"error-{i}", prompts[i], params[i], errors[i]) if r is None else r.to_output()
+            for i, r in enumerate(requests)
+        ]
+
+    # ---- weights -----------------------------------------------------------
+    def update_weights(self, weights, mode: str = "keep", recompute_kv: bool = True) -> list[RequestOutput]:
+        """Swap in ``weights`` (HF names; a subset is fine) and bump the weight version.
+
+        Returns the outputs of requests finished by the update: drained ones for "wait",
+        aborted partial ones for "abort", none for "keep". See ``weights.py`` for the modes."""
+        validate_update_mode(mode)
+        merged = merged_state_dict(self.model, weights)
+        finished: list[RequestOutput] = []
+        if mode == "wait":
+            while self.has_unfinished():
+                finished.extend(o for o in self.step() if o.finished)
+        elif mode == "abort":
+            for request in self.scheduler.unfinished():
+                self.scheduler.release(request)
+                request.status = RequestStatus.FINISHED_ABORTED
+                self._requests.pop(request.request_id, None)
+                finished.append(request.to_output())
+        self.model.load_state_dict_hf(merged)
+        self.weight_version += 1
+        if mode == "keep":
+            for request in self.scheduler.unfinished():
+                if recompute_kv:
+                    self.scheduler.reset_computation(request)
+                else:
+                    request.kv_version = None  # its cache now mixes versions: never register it
+        self._pending.extend(finished)
+        return finished
+
+    def prefix_cache_hits(self) -> int:
+        return self.block_manager.hits
+
+
+def _error_output(request_id: str, prompt, params, message: str) -> RequestOutput:
+    try:
+        prompt_ids = list(prompt)
+    except TypeError:
+        prompt_ids = []
+    return RequestOutput(
+        request_id=request_id,
+        prompt_token_ids=prompt_ids,
+        token_ids=[],
+        logprobs=[],
+        weight_versions=[],
+        finished=True,
+        finish_reason="error",
+        error=message,
+        sampling_params=params if isinstance(params, SamplingParams) else None,
+    )

@@ -1,0 +1,110 @@
+"""Model runner: turns a scheduler step into one packed ``ForwardBatch`` and samples.
+
+All scheduled chunks of a step (decodes, prefills, prefill chunks) go into a single
+forward in engine mode: tokens are packed in schedule order, each chunk's new K/V is
+written to its slots (``slot_mapping``) and its queries attend to the whole context
+through the block table (``kv_lens`` = computed + new). Only the last row of chunks
+that reach their request's last known token is projected to logits (fp32, through the
+model's ``compute_logits``, or an activation-dtype head when ``lm_head_precision`` asks for
+it) and sampled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.batch import ForwardBatch, ModelCache
+from .sampler import Sampler
+from .scheduler import ScheduledChunk
+
+#: "fp32": the model's own ``compute_logits`` (the kernel set's head; fp32 in the aligned set).
+#: "activation": a stock engine's head, a GEMM in the activation dtype upcast afterwards --
+#: the rollout side of S2's fix 4, kept to show the mismatch it causes.
+LM_HEAD_PRECISIONS = ("fp32", "activation")
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model,
+        kernels,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        lm_head_precision: str = "fp32",
+    ):
+        if lm_head_precision not in LM_HEAD_PRECISIONS:
+            raise ValueError(
+                f"lm_head_precision must be one of {LM_HEAD_PRECISIONS}, got {lm_head_precision!r}"
+            )
+        self.lm_head_precision = lm_head_precision
+        self.model = model
+        self.kernels = kernels
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_num_seqs = max_num_seqs
+        self.sampler = Sampler(kernels)
+        self.cache: ModelCache = model.allocate_cache(num_blocks, block_size, max_num_seqs)
+
+    def reset_cache(self) -> None:
+        """Fresh cache tensors (e.g. after a weight update with a different dtype)."""
+        self.cache = self.model.allocate_cache(self.num_blocks, self.block_size, self.max_num_seqs)
+
+    def build_batch(self, chunks: list[ScheduledChunk]) -> ForwardBatch:
+        bs = self.block_size
+        input_ids, positions, slots = [], [], []
+        q_lens, kv_lens, state_slots, has_state = [], [], [], []
+        max_blocks = max(len(c.request.block_ids) for c in chunks)
+        block_table = torch.zeros(len(chunks), max_blocks, dtype=torch.int64)
+        for i, chunk in enumerate(chunks):
+            request = chunk.request
+            end = chunk.start + chunk.num_tokens
+            input_ids.extend(request.all_token_ids[chunk.start : end])
+            positions.extend(range(chunk.start, end))
+            slots.extend(request.block_ids[p // bs] * bs + p % bs for p in range(chunk.start, end))
+            q_lens.append(chunk.num_tokens)
+            kv_lens.append(end)
+            block_table[i, : len(request.block_ids)] = torch.tensor(request.block_ids, dtype=torch.int64)
+            state_slots.append(request.state_slot if request.state_slot is not None else 0)
+            has_state.append(chunk.start > 0)
+        cu = torch.zeros(len(chunks) + 1, dtype=torch.int64)
+        cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int64), 0)
+        return ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            cu_seqlens_q=cu,
+            kv_lens=torch.tensor(kv_lens, dtype=torch.int64),
+            block_table=block_table,
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            state_slots=torch.tensor(state_slots, dtype=torch.int64),
+            has_initial_state=torch.tensor(has_state, dtype=torch.bool),
+        )
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head_precision == "fp32":
+            return self.model.compute_logits(hidden)
+        weight = self.model.lm_head_weight
+        return torch.nn.functional.linear(hidden.to(weight.dtype), weight).float()
+
+    @torch.no_grad()
+    def execute(self, chunks: list[ScheduledChunk]):
+        """Run one forward over ``chunks``; sample for the chunks that reach their end.
+
+        Returns ``[(chunk, token_id, logprob)]`` for the sampling chunks, in chunk order."""
+        if not chunks:
+            return []
+        batch = self.build_batch(chunks)
+        hidden = self.model.forward(batch, self.cache)
+        sampling = [i for i, c in enumerate(chunks) if c.samples]
+        if not sampling:
+            return []
+        rows = batch.cu_seqlens_q[1:][sampling] - 1
+        logits = self.compute_logits(hidden[rows])
+        requests = [chunks[i].request for i in sampling]
+        out = self.sampler(
+            logits,
+            [r.params for r in requests],
+            [r.seed for r in requests],
+            [len(r.output_token_ids) for r in requests],
+        )
+        return [(chunks[i], t, lp) for i, t, lp in zip(sampling, out.token_ids, out.logprobs)]

@@ -1,0 +1,101 @@
+"""The sampler: one definition of the sampling distribution, per-request seeded draws.
+
+For a batch of rows (one per request that samples this step) the sampler
+1. computes the processed logprobs with ``kernels.processed_log_softmax`` (temperature
+   -> top-k -> top-p -> renormalise; greedy at temperature 0) -- the same function the
+   trainer's recompute calls, so both sides agree on what "the distribution the token
+   was drawn from" is;
+2. draws each row's token by the exponential race ``argmax(logprob - log E)``, E ~ Exp(1)
+   i.i.d. per vocabulary entry (equivalent to sampling from softmax(logprob)); the E
+   noise comes from a ``torch.Generator`` seeded with ``mix(request seed, token index)``,
+   so a request's draw never depends on which other requests share the batch, on its
+   row in the batch, or on preemption;
+3. reports the sampled token's logprob in the request's ``logprobs_mode``: "processed"
+   (from step 1) or "raw" (``kernels.log_softmax`` of the unprocessed logits).
+Masked entries are -inf in step 1 and can never win the race.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling_params import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(seed: int, token_index: int) -> int:
+    """splitmix64 of (seed, token index): a well-spread 63-bit generator seed."""
+    z = (seed * 0x9E3779B97F4A7C15 + token_index + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def sampling_tensors(
+    params: list[SamplingParams], device=None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row (temperature fp32, top_k int64, top_p fp32) for ``processed_log_softmax``."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+    top_k = torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64, device=device)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+    return temperature, top_k, top_p
+
+
+def token_logprobs(
+    kernels, logits: torch.Tensor, params: list[SamplingParams], tokens: torch.Tensor, mode: str | None = None
+) -> torch.Tensor:
+    """Logprob of ``tokens[i]`` under row i's distribution: processed or raw per row's mode
+    (or ``mode`` for every row). The trainer's recompute calls this same function."""
+    modes = [mode or p.logprobs_mode for p in params]
+    out = torch.empty(len(params), dtype=torch.float32, device=logits.device)
+    processed_rows = [i for i, m in enumerate(modes) if m == "processed"]
+    raw_rows = [i for i, m in enumerate(modes) if m == "raw"]
+    if processed_rows and not raw_rows:
+        temperature, top_k, top_p = sampling_tensors(params, logits.device)
+        lp = kernels.processed_log_softmax(logits, temperature, top_k, top_p)
+        return lp.gather(1, tokens.view(-1, 1)).view(-1)
+    if raw_rows and not processed_rows:
+        return kernels.log_softmax(logits).gather(1, tokens.view(-1, 1)).view(-1)
+    if not params:
+        return out
+    for rows, fn in ((processed_rows, "processed"), (raw_rows, "raw")):
+        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        sub = token_logprobs(kernels, logits[index], [params[i] for i in rows], tokens[index], fn)
+        out = out.index_put((index,), sub)
+    return out
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float]  # fp32 values, exactly representable as Python floats
+
+
+class Sampler:
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def __call__(
+        self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], token_indices: list[int]
+    ) -> SamplerOutput:
+        if logits.dtype != torch.float32:
+            raise TypeError(f"sampler expects fp32 logits, got {logits.dtype}")
+        temperature, top_k, top_p = sampling_tensors(params, logits.device)
+        processed = self.kernels.processed_log_softmax(logits, temperature, top_k, top_p)
+        vocab = logits.shape[1]
+        tokens = []
+        for row, (seed, index) in enumerate(zip(seeds, token_indices)):
+            generator = torch.Generator(device="cpu").manual_seed(mix_seed(seed, index))
+            noise = torch.empty(vocab, dtype=torch.float32).exponential_(generator=generator)
+            race = processed[row].cpu() - noise.log()
+            tokens.append(int(torch.argmax(race)))
+        token_tensor = torch.tensor(tokens, dtype=torch.int64, device=logits.device)
+        modes = {p.logprobs_mode for p in params}
+        if modes == {"processed"}:
+            chosen = processed.gather(1, token_tensor.view(-1, 1)).view(-1)
+        else:
+            chosen = token_logprobs(self.kernels, logits, params, token_tensor)
+        return SamplerOutput(tokens, [float(x) for x in chosen.cpu()])

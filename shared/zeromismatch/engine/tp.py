@@ -1,0 +1,229 @@
+"""Tensor-parallel engine: the same engine run SPMD by spawned gloo workers.
+
+``LLM(preset, tp=d)`` spawns d processes that join one gloo process group; each builds
+the model with that group as ``tp_group`` (so it holds its shard of every
+column/row-parallel weight) and a full single-process engine around it. Every call
+(``add_request``, ``step``, ``generate``, ``update_weights``, ...) is sent to all
+workers, which execute it in lock-step. Scheduling and sampling are deterministic
+functions of the requests and of the logits, and the logits are identical on every
+rank after the model's reductions, so the workers' schedulers never diverge; rank 0's
+result is returned. Requests that fail validation fail identically on every rank.
+
+``run_spmd(fn, world_size, *args)`` is the lower-level helper (used by the trainer's
+TP recompute in tests): it runs ``fn(rank, group, *args)`` in every worker and returns
+rank 0's result. ``fn`` must be importable (a module-level function).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import socket
+import traceback
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _init_group(rank: int, world_size: int, init_method: str, threads: int):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    return dist.group.WORLD
+
+
+def _engine_worker(rank, world_size, init_method, threads, conn, args, kwargs) -> None:
+    import torch.distributed as dist
+
+    from .llm import LLM
+
+    try:
+        group = _init_group(rank, world_size, init_method, threads)
+        llm = LLM(*args, tp=world_size, tp_group=group, **kwargs)
+        conn.send(("ok", None))
+    except Exception as err:  # report construction failures to the parent
+        conn.send(("error", (repr(err), traceback.format_exc())))
+        return
+    while True:
+        method, call_args, call_kwargs = conn.recv()
+        if method == "__close__":
+            break
+        try:
+            target = getattr(llm, method)
+            result = target(*call_args, **call_kwargs) if callable(target) else target
+            conn.send(("ok", result if rank == 0 else None))
+        except (ValueError, TypeError) as err:  # bad input: the same on every rank, engine keeps going
+            conn.send(("raise", err))
+        except Exception as err:
+            conn.send(("error", (repr(err), traceback.format_exc())))
+    dist.destroy_process_group()
+    conn.close()
+
+
+def _spmd_worker(rank, world_size, init_method, threads, queue, fn, args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        group = _init_group(rank, world_size, init_method, threads)
+        result = fn(rank, group, *args)
+        if rank == 0:
+            # serialise to bytes: a tensor put on a Queue travels as a shared-memory handle that
+            # dies with this process, which may exit before the parent unpickles it
+            buffer = io.BytesIO()
+            torch.save(result, buffer)
+            queue.put(("ok", buffer.getvalue()))
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as err:
+        queue.put(("error", (repr(err), traceback.format_exc())))
+
+
+def _threads_per_worker(world_size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def run_spmd(fn, world_size: int, *args, timeout: float = 600.0):
+    """Run ``fn(rank, group, *args)`` in ``world_size`` spawned gloo workers; rank 0's result."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    threads = _threads_per_worker(world_size)
+    procs = [
+        ctx.Process(
+            target=_spmd_worker, args=(r, world_size, init_method, threads, queue, fn, args), daemon=True
+        )
+        for r in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        status, payload = queue.get(timeout=timeout)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+    if status != "ok":
+        raise RuntimeError(f"tensor-parallel worker failed: {payload[0]}\n{payload[1]}")
+    import torch
+
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+class TensorParallelLLM:
+    """Proxy with the ``LLM`` interface whose engine runs in ``tp`` gloo worker processes."""
+
+    def __init__(self, model, kernels="aligned", *, tp: int = 2, **kwargs):
+        if not isinstance(model, str):
+            raise TypeError("LLM(tp>1) needs a model preset name (each worker builds its own shard)")
+        if not isinstance(kernels, str):
+            raise TypeError("LLM(tp>1) needs the kernel set by name")
+        ctx = mp.get_context("spawn")
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        threads = _threads_per_worker(tp)
+        self.tp = tp
+        self._conns, self._procs = [], []
+        for rank in range(tp):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_engine_worker,
+                args=(rank, tp, init_method, threads, child, (model, kernels), kwargs),
+                daemon=True,
+            )
+            proc.start()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._collect()
+
+    def _collect(self):
+        """One reply per worker. A worker that fails or dies takes the group down at once
+        (its peers may be blocked in a collective that will never complete)."""
+        replies: list = [None] * len(self._conns)
+        while any(r is None for r in replies):
+            for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
+                if replies[rank] is not None:
+                    continue
+                if conn.poll(0.05):
+                    replies[rank] = conn.recv()
+                    if replies[rank][0] == "error":
+                        payload = replies[rank][1]
+                        self.close(force=True)
+                        raise RuntimeError(
+                            f"tensor-parallel engine worker {rank} failed: {payload[0]}\n{payload[1]}"
+                        )
+                elif not proc.is_alive():
+                    self.close(force=True)
+                    raise RuntimeError(f"tensor-parallel engine worker {rank} exited (code {proc.exitcode})")
+        for status, payload in replies:
+            if status == "raise":
+                raise payload
+        return replies[0][1]
+
+    def _call(self, method: str, *args, **kwargs):
+        if not self._procs:
+            raise RuntimeError("this tensor-parallel engine is closed")
+        for conn in self._conns:
+            conn.send((method, args, kwargs))
+        return self._collect()
+
+    def add_request(self, *args, **kwargs):
+        return self._call("add_request", *args, **kwargs)
+
+    def step(self):
+        return self._call("step")
+
+    def has_unfinished(self) -> bool:
+        return self._call("has_unfinished")
+
+    def abort(self, request_id):
+        return self._call("abort", request_id)
+
+    def generate(self, *args, **kwargs):
+        return self._call("generate", *args, **kwargs)
+
+    def update_weights(self, *args, **kwargs):
+        return self._call("update_weights", *args, **kwargs)
+
+    def prefix_cache_hits(self) -> int:
+        return self._call("prefix_cache_hits")
+
+    @property
+    def weight_version(self) -> int:
+        return self._call("weight_version")
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self._call("num_generated_tokens")
+
+    def close(self, force: bool = False) -> None:
+        for conn in self._conns:
+            try:
+                if not force:
+                    conn.send(("__close__", (), {}))
+            except (OSError, BrokenPipeError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=0 if force else 30)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=10)
+        self._conns, self._procs = [], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,64 @@
+"""Link 4: the engine at TP 2 (spawned gloo workers) == the trainer at TP 1, and the trainer at
+TP 2 == the engine at TP 1; inverse: default kernels differ. Spawning workers takes seconds,
+so these are slow tests."""
+
+import pytest
+from parity_helpers import PRESETS, SAMPLING
+from zeromismatch.commands.parity import run_parity
+from zeromismatch.engine import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_link4_engine_tp2_equals_trainer_tp1(preset):
+    result = run_parity(preset, "aligned", seed=6, num_prompts=4, max_tokens=5, tp=2, trainer_tp=1, top_p=0.9)
+    assert result["identical"] and result["diff_max"] == 0.0 and result["tokens"] == 20
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-deepseek-v3"])
+def test_trainer_tp2_equals_engine_tp1(preset):
+    result = run_parity(preset, "aligned", seed=7, num_prompts=4, max_tokens=5, tp=1, trainer_tp=2)
+    assert result["identical"] and result["k3_kl"] == 0.0
+
+
+def test_link4_inverse_default_kernels():
+    found = None
+    for seed in range(4):
+        result = run_parity(
+            "tiny-qwen3", "default", seed=seed, num_prompts=4, max_tokens=5, tp=2, trainer_tp=1
+        )
+        if not result["identical"]:
+            found = seed
+            break
+    assert found is not None
+
+
+def test_tp_engine_step_api_update_and_bad_input():
+    with LLM("tiny-qwen3", "aligned", tp=2, max_num_seqs=2, block_size=8) as llm:
+        with pytest.raises(ValueError, match="empty"):
+            llm.add_request([], SamplingParams(**SAMPLING))
+        llm.add_request([1, 2, 3], SamplingParams(**SAMPLING, seed=1), request_id="a")
+        llm.step()
+        with pytest.raises(ValueError, match="unknown weight names"):
+            llm.update_weights({"nope": None})
+        assert llm.weight_version == 0
+        outputs = []
+        while llm.has_unfinished():
+            outputs.extend(llm.step())
+        assert outputs[-1].finished and len(outputs[-1].token_ids) == SAMPLING["max_tokens"]
+
+
+def test_tp_engine_update_keep_recomputes_per_version():
+    from parity_helpers import model, workload
+    from test_parity_updates import new_weights, per_version_equal, run_with_update
+
+    weights = {0: model("tiny-qwen3").state_dict_hf()}
+    weights[1] = new_weights(model("tiny-qwen3"))
+    items = workload(0, num_prompts=4, max_tokens=6)
+    with LLM(
+        "tiny-qwen3", "aligned", tp=2, max_num_seqs=3, max_num_batched_tokens=24, prefill_chunk=7
+    ) as llm:
+        outputs = run_with_update(llm, items, weights[1], "keep")
+    assert {v for o in outputs for v in o.weight_versions} == {0, 1}
+    assert per_version_equal("tiny-qwen3", "aligned", outputs, weights)
