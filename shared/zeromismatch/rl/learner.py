@@ -151,12 +151,24 @@ class Learner:
             mask[i, :n] = m
             versions[i, :n] = torch.tensor(ep.versions)
         learner = torch.stack(learner_rows).float()
+        # A token the engine sampled can fall outside the trainer's top-k/top-p support when the
+        # two sides' logits differ (unaligned kernels): its processed logprob is -inf there. Such
+        # tokens cannot carry an importance weight; they are left out of the loss and counted.
+        support = torch.isfinite(learner.detach()) & torch.isfinite(then)
+        out_of_support = int((mask & ~support).sum())
+        mask = mask & support
+        learner = torch.where(support, learner, torch.zeros_like(learner))
+        then = torch.where(support, then, torch.zeros_like(then))
+        keep = mask.any(dim=1)
+        rewards = torch.tensor([ep.reward for ep in episodes])
+        group_ids = torch.tensor([ep.group_id for ep in episodes])
+        learner, rollout, then, mask, versions = (t[keep] for t in (learner, rollout, then, mask, versions))
         policy = PolicyBatch(
             learner_logprobs=learner,
             rollout_logprobs=rollout,
             mask=mask,
-            rewards=torch.tensor([ep.reward for ep in episodes]),
-            group_ids=torch.tensor([ep.group_id for ep in episodes]),
+            rewards=rewards[keep],
+            group_ids=group_ids[keep],
         )
         out = compute_loss(self.config.algo, policy, **self.config.algo_options)
         self.optimizer.zero_grad(set_to_none=True)
@@ -179,5 +191,6 @@ class Learner:
         # with the trainer's processed logprobs at the rollout version (engine-independent).
         stats["entropy"] = float(-then[mask].double().mean())
         stats["grad_norm_preclip"] = grad_norm
+        stats["out_of_support_tokens"] = out_of_support
         stats["tokens"] = int(mask.sum())
         return stats
