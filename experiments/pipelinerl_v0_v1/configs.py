@@ -6,7 +6,10 @@ Mini stand-in: GSPO on tiny-qwen3 / arithmetic with temperature 0.8 and top-p 0.
 processed logprobs differ), async lag 1. "v0" = aligned stack with processed
 logprobs; "v1_first" = default kernels, raw logprobs, unversioned prefix cache, activation-dtype
 head; "v1_fixed" = default kernels with the four fixes applied (processed logprobs, versioned
-prefix cache, fp32 head, keep-mode weight updates).
+prefix cache, fp32 head, keep-mode weight updates). Two pairs of arms then isolate single fixes
+on the aligned stack: prefix cache versioned vs not (code-repair prompts share long prefixes across
+tasks, so a cache that ignores weight versions serves stale K/V), and a bf16 vs fp32 rollout head
+with bf16 activations.
 """
 
 from __future__ import annotations
@@ -35,7 +38,23 @@ def mini() -> list[Arm]:
             "first V1 attempt: raw logprobs, unversioned prefix cache, activation-dtype head",
         ),
         Arm("v1_fixed", _base(kernels="default"), "V1 after the four fixes (kernels still unaligned)"),
+        # one fix at a time, on the aligned stack, so nothing else can explain the difference:
+        Arm("prefix_cache_versioned", _prefix(True), "code-repair prompts share prefixes; versioned cache"),
+        Arm("prefix_cache_unversioned", _prefix(False), "the same with a cache that ignores weight versions"),
+        Arm("lm_head_fp32", _head("fp32"), "bf16 activations, fp32 head on both sides"),
+        Arm("lm_head_bf16", _head("activation"), "bf16 activations, bf16 rollout head vs fp32 trainer head"),
     ]
+
+
+def _prefix(versioned: bool) -> RLConfig:
+    return _base(
+        env="code_repair", kernels="aligned", steps=10, max_new_tokens=24, sft_steps=5,
+        prefix_cache_versioned=versioned, eval_size=4,
+    )  # fmt: skip
+
+
+def _head(precision: str) -> RLConfig:
+    return _base(kernels="aligned", dtype="bfloat16", lm_head_precision=precision, steps=10, eval_size=4)
 
 
 def smoke() -> list[Arm]:

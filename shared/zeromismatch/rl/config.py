@@ -53,6 +53,7 @@ class RLConfig:
     prefix_cache_versioned: bool = True  # False reproduces the stale-prefix bug of S2 fix 2
     lm_head_precision: str = "fp32"
     step_latency_s: float = 0.0  # desktop env: injected latency per env step
+    env_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"max_digits": 1} for arithmetic
     wandb: bool = False
     model_overrides: dict[str, Any] = field(default_factory=dict)
     algo_options: dict[str, Any] = field(default_factory=dict)

@@ -20,7 +20,7 @@ import torch
 from ..engine import SamplingParams
 from ..metrics import mismatch
 from ..train.logprobs import compute_logprobs
-from ..train.losses import PolicyBatch, compute_loss
+from ..train.losses import PolicyBatch, compute_loss, group_normalized_advantages
 from .config import RLConfig
 from .rollout import Episode
 
@@ -163,12 +163,18 @@ class Learner:
         rewards = torch.tensor([ep.reward for ep in episodes])
         group_ids = torch.tensor([ep.group_id for ep in episodes])
         learner, rollout, then, mask, versions = (t[keep] for t in (learner, rollout, then, mask, versions))
+        rewards, group_ids = rewards[keep], group_ids[keep]
+        # PPO has no built-in baseline: it gets the group-normalised advantage GRPO uses
+        advantages = None
+        if self.config.algo == "ppo_clip":
+            advantages = group_normalized_advantages(rewards, group_ids)
         policy = PolicyBatch(
             learner_logprobs=learner,
             rollout_logprobs=rollout,
             mask=mask,
-            rewards=rewards[keep],
-            group_ids=group_ids[keep],
+            rewards=rewards,
+            group_ids=group_ids,
+            advantages=advantages,
         )
         out = compute_loss(self.config.algo, policy, **self.config.algo_options)
         self.optimizer.zero_grad(set_to_none=True)

@@ -89,7 +89,10 @@ class RolloutWorker:
 
 
 def env_options(config: RLConfig) -> dict:
-    return {"step_latency_s": config.step_latency_s} if config.env == "desktop" else {}
+    options = dict(config.env_options)
+    if config.env == "desktop":
+        options["step_latency_s"] = config.step_latency_s
+    return options
 
 
 def task_seeds_for_batch(config: RLConfig, batch_index: int) -> list[int]:
@@ -120,8 +123,9 @@ def evaluate(config: RLConfig, learner: Learner) -> dict:
 def run_sft(config: RLConfig, learner: Learner, progress=None) -> list[float]:
     losses = []
     for step in range(config.sft_steps):
-        data = demonstration_tokens(config.env, config.sft_batch, seed=step * config.sft_batch,
-                                    env_options={})  # fmt: skip
+        options = {k: v for k, v in env_options(config).items() if k != "step_latency_s"}
+        seed = step * config.sft_batch
+        data = demonstration_tokens(config.env, config.sft_batch, seed=seed, env_options=options)
         losses.append(learner.sft_step(data, config.sft_lr))
         if progress is not None:
             progress(f"sft {step + 1}/{config.sft_steps} loss {losses[-1]:.3f}")
