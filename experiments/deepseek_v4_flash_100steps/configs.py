@@ -15,7 +15,8 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="arithmetic", model="tiny-deepseek-v3", algo="reinforce_zero", steps=101,
-        prompts_per_step=4, group_size=4, max_new_tokens=6, sft_steps=20, eval_size=32, seed=0,
+        prompts_per_step=4, group_size=4, max_new_tokens=4, sft_steps=150, eval_size=32, seed=0,
+        env_options={"max_digits": 1},
     ).replace(**changes)  # fmt: skip
 
 

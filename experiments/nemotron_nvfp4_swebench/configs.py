@@ -15,7 +15,7 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="code_repair", model="tiny-nemotron-h", algo="reinforce_zero", steps=40,
-        prompts_per_step=4, group_size=4, max_new_tokens=24, sft_steps=20, eval_size=16, seed=0,
+        prompts_per_step=4, group_size=4, max_new_tokens=24, sft_steps=60, eval_size=16, seed=0,
     ).replace(**changes)  # fmt: skip
 
 

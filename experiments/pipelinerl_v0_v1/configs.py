@@ -24,7 +24,8 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="arithmetic", model="tiny-qwen3", algo="gspo", steps=40, prompts_per_step=4, group_size=4,
-        max_new_tokens=6, sft_steps=30, eval_size=32, seed=0, lag=1, temperature=0.8, top_p=0.9,
+        max_new_tokens=4, sft_steps=150, eval_size=32, seed=0, lag=1, temperature=0.8, top_p=0.9,
+        env_options={"max_digits": 1},
     ).replace(**changes)  # fmt: skip
 
 
@@ -48,7 +49,7 @@ def mini() -> list[Arm]:
 
 def _prefix(versioned: bool) -> RLConfig:
     return _base(
-        env="code_repair", kernels="aligned", steps=10, max_new_tokens=24, sft_steps=5,
+        env="code_repair", kernels="aligned", steps=10, max_new_tokens=24, sft_steps=5, env_options={},
         prefix_cache_versioned=versioned, eval_size=4,
     )  # fmt: skip
 

@@ -17,7 +17,8 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="arithmetic", model="tiny-qwen3", algo="reinforce_zero", steps=100, prompts_per_step=4,
-        group_size=4, max_new_tokens=6, sft_steps=30, eval_size=32, seed=0,
+        group_size=4, max_new_tokens=4, sft_steps=150, eval_size=32, seed=0,
+        env_options={"max_digits": 1},
     ).replace(**changes)  # fmt: skip
 
 
@@ -30,7 +31,10 @@ def mini() -> list[Arm]:
         Arm("default", _base(kernels="default", lag=64), "async lag 64, standard kernels"),
         Arm(
             "tools_aligned",
-            _base(env="tools", kernels="aligned", lag=64, steps=80, max_new_tokens=24, sft_steps=40),
+            _base(
+                env="tools", kernels="aligned", lag=64, steps=80, max_new_tokens=24, sft_steps=80,
+                env_options={},
+            ),
             "multi-turn calculator tool use at lag 64, aligned (the Qwen3-4B + Python tools stand-in)",
         ),
     ]
