@@ -1,11 +1,13 @@
-"""Run every mini-scale reproduction that exists, one after another.
+"""Run every mini-scale reproduction that exists, then the ratio benchmarks.
 
 Each experiment folder with a ``launch.py`` is run as
 ``python experiments/<name>/launch.py --scale mini``; results land in
-``results/reproduced/<name>/mini/``. A failing experiment is reported and the
-others still run; the exit code is non-zero if any failed.
+``results/reproduced/<name>/mini/`` (arms already done are skipped). Then the
+benchmarks that published claims point at write ``results/reproduced/benchmarks/``.
+A failing step is reported and the others still run; the exit code is non-zero if
+any failed.
 
-    python scripts/reproduce_mini.py [--only NAME ...] [--quiet]
+    python scripts/reproduce_mini.py [--only NAME ...] [--no-benchmarks] [--quiet]
 """
 
 from __future__ import annotations
@@ -27,21 +29,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="experiment folder names to run")
     parser.add_argument("--quiet", action="store_true", help="pass --quiet to each launcher")
+    parser.add_argument("--no-benchmarks", action="store_true", help="skip benchmarks/*.py")
     args = parser.parse_args(argv)
     experiments = [p for p in discover() if args.only is None or p.name in args.only]
-    if not experiments:
+    quiet = ["--quiet"] if args.quiet else []
+    steps = [(exp.name, [str(exp / "launch.py"), "--scale", "mini", *quiet]) for exp in experiments]
+    if not args.no_benchmarks and args.only is None:
+        b = ROOT / "results" / "reproduced" / "benchmarks"
+        steps += [
+            ("benchmark rollout", ["benchmarks/rollout.py", "--out", str(b / "rollout.json")]),
+            ("benchmark async", ["benchmarks/async.py", "--out", str(b / "async.json"), *quiet]),
+            ("benchmark ops", ["benchmarks/ops.py", "--threads", "1", "--out", str(b / "ops.json"), *quiet]),
+        ]
+    if not steps:
         print("no mini reproductions found under experiments/*/launch.py")
         return 0
     failed = []
-    for exp in experiments:
-        cmd = [sys.executable, str(exp / "launch.py"), "--scale", "mini"]
-        cmd += ["--quiet"] if args.quiet else []
-        print(f"== {exp.name}: {' '.join(cmd[1:])}", flush=True)
+    for name, script in steps:
+        cmd = [sys.executable, *script]
+        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()
         rc = subprocess.run(cmd, cwd=ROOT).returncode
-        print(f"== {exp.name}: exit {rc} after {time.perf_counter() - start:.0f} s", flush=True)
+        print(f"== {name}: exit {rc} after {time.perf_counter() - start:.0f} s", flush=True)
         if rc != 0:
-            failed.append(exp.name)
+            failed.append(name)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
