@@ -1,0 +1,32 @@
+"""``zm bench ops|rollout|async``: run a ratio benchmark from the repository's benchmarks/.
+
+Each benchmark measures aligned and baseline side by side in one run and prints medians and
+their ratio; extra arguments are passed through (``zm bench rollout -- --repeats 3``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = ("ops", "rollout", "async")
+
+
+def _root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="run a ratio benchmark (aligned vs default, vs HF, async vs sync)")
+    p.add_argument("name", choices=BENCHMARKS)
+    p.add_argument("args", nargs="*", help="passed to the benchmark script (put them after --)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    script = _root() / "benchmarks" / f"{args.name}.py"
+    if not script.exists():
+        print(f"zm bench: {script} not found (zm bench runs from a source checkout)", file=sys.stderr)
+        return 2
+    return subprocess.run([sys.executable, str(script), *args.args], cwd=_root()).returncode
