@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                 summary = train(RLConfig(lag=lag, **base), Path(tmp) / f"{arm}-{rep}", quiet=True)
                 rates[arm].append(summary["learner_steps_per_s"])
                 if not args.quiet:
-                    print(f"{arm:5s} rep {rep}: {summary['learner_steps_per_s']:.3f} learner steps/s", flush=True)
+                    rate = summary["learner_steps_per_s"]
+                    print(f"{arm:5s} rep {rep}: {rate:.3f} learner steps/s", flush=True)
     ray.shutdown()
     sync, async_ = statistics.median(rates["sync"]), statistics.median(rates["async"])
     result = {

@@ -27,6 +27,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import OpCase, format_table, measure, summarize  # noqa: E402
+
 from zeromismatch.kernels import get_kernels  # noqa: E402
 from zeromismatch.kernels.quant import quantize_fp8, quantize_nvfp4  # noqa: E402
 

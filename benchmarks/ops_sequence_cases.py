@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import OpCase, Timing, format_table, measure, summarize  # noqa: E402
+
 from zeromismatch.kernels import get_kernels  # noqa: E402
 
 ALIGNED = get_kernels("aligned")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 import zeromismatch
 from zeromismatch.cli import build_parser, main
 

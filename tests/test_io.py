@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from zeromismatch.io import atomic_write_json, atomic_write_text
 
 

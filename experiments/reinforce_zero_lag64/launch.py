@@ -12,6 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from configs import EXPERIMENT  # noqa: E402
+
 from zeromismatch.expt import launch_main  # noqa: E402
 
 if __name__ == "__main__":

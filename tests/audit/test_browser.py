@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from audit_helpers import deepseek_records, write_run
+
 from zeromismatch.audit import build_all, load_registry
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from audit_helpers import PUBLISHED, REPO
+
 from zeromismatch.audit.registry import (
     EXPERIMENTS,
     AuditInputError,

@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 
 import pytest
 from audit_helpers import REPO, deepseek_records, write_benchmark, write_run
+
 from zeromismatch.audit import build_all, load_registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from audit_helpers import deepseek_records, write_benchmark, write_run
+
 from zeromismatch.audit.registry import AuditInputError, load_registry
 from zeromismatch.audit.verdicts import (
     NOT_REPRODUCED,

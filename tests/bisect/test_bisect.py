@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from bisect_helpers import OPS_BY_PRESET, PRESETS, baseline, called_ops, config, last_layer_calling
+
 from zeromismatch.bisect import KERNEL_OPS, format_text, run_bisect
 from zeromismatch.bisect.recorder import canonical_op
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from bisect_helpers import PRESETS
+
 from zeromismatch.bisect import KERNEL_OPS, Perturbation, RecordingKernels
 from zeromismatch.bisect.compare import bits_equal, row_bits_differ
 from zeromismatch.bisect.recorder import HEAD, layer_of

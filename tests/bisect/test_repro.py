@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from bisect_helpers import baseline, config, mixed_kernels
+
 from zeromismatch.bisect import run_bisect, write_repro
 from zeromismatch.bisect.recorder import canonical_op
 from zeromismatch.cli import main

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from zeromismatch.launch.profiles import (
     ClusterProfile,
     list_profiles,

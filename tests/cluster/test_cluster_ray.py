@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from zeromismatch.launch import init_ray, ray_slurm_setup_lines
 
 

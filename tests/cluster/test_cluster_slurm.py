@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from zeromismatch.launch import submit
 from zeromismatch.launch.ray_cluster import ray_cluster_report
 

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from zeromismatch.launch import load_profile, ray_slurm_setup_lines, submit
 from zeromismatch.launch.submit import DryRun
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from zeromismatch.envs import ArithmeticEnv
 from zeromismatch.envs.arithmetic import parse_integer_answer
 

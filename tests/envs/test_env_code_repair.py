@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from zeromismatch.envs import CodeRepairEnv
 from zeromismatch.envs.code_repair import TEMPLATES, run_tests
 

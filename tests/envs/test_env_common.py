@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from zeromismatch.envs import ENVS, Demonstration, default_tokenizer, make_env
 
 NAMES = sorted(ENVS)

@@ -7,6 +7,7 @@ import string
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from zeromismatch.envs.tokenizer import MARKERS, CharTokenizer, default_tokenizer
 
 ALLOWED = sorted(set(string.printable) - set("\t\r\x0b\x0c"))

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from zeromismatch.expt.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from zeromismatch.kernels import get_kernels
 from zeromismatch.kernels.quant import quantize_fp8, quantize_nvfp4
 

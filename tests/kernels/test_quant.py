@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from zeromismatch.kernels import get_kernels
 from zeromismatch.kernels.base import QuantizedWeight
 from zeromismatch.kernels.quant import (

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from zeromismatch.kernels import get_kernels
 
 ALIGNED = get_kernels("aligned")

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from zeromismatch.kernels import collectives, get_kernels
 from zeromismatch.kernels.aligned.gemm import row_invariant_linear
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from zeromismatch.metrics import (
     clip_fraction,
     decompose_logprob_gap,

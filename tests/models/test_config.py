@@ -6,6 +6,7 @@ import json
 
 import pytest
 from model_helpers import hf_model_from_preset
+
 from zeromismatch.models import PRESETS, TINY_PRESETS, ModelConfig, build_model
 from zeromismatch.models.presets import preset_dict
 

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import engine_logits, random_sequences, trainer_logits
 from reference_kernels import ReferenceKernels
+
 from zeromismatch.models import TINY_PRESETS, ForwardBatch, build_model
 
 ENGINE_TOLERANCE = 1e-5  # fp32, reference kernels; measured about 1e-6

@@ -12,6 +12,7 @@ import pytest
 import torch
 from model_helpers import hf_model_from_preset, random_sequences, trainer_logits
 from reference_kernels import ReferenceKernels
+
 from zeromismatch.models import PRESETS, TINY_PRESETS, build_model, load_pretrained, save_pretrained
 
 transformers = pytest.importorskip("transformers")

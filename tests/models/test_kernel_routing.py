@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from model_helpers import engine_logits, random_sequences, trainer_logits
 from reference_kernels import ReferenceKernels
 from torch.overrides import TorchFunctionMode
+
 from zeromismatch.models import TINY_PRESETS, build_model
 
 _FORBIDDEN = {

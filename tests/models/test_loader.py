@@ -8,6 +8,7 @@ import pytest
 import torch
 from reference_kernels import ReferenceKernels
 from safetensors.torch import load_file, save_file
+
 from zeromismatch.models import TINY_PRESETS, build_model, load_pretrained, save_pretrained
 from zeromismatch.models.loader import WEIGHTS_NAME
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from model_helpers import engine_logits, random_sequences, trainer_logits
 from reference_kernels import ReferenceKernels
+
 from zeromismatch.kernels.base import QuantizedWeight
 from zeromismatch.models import build_model, quantize_model
 from zeromismatch.models.layers import Linear

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from zeromismatch.models import TINY_PRESETS, build_model, load_pretrained, save_pretrained
 
 WORLD_SIZE = 2

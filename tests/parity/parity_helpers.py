@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from zeromismatch.commands.parity import make_workload, run_engine_workload
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset

@@ -24,6 +24,7 @@ from parity_helpers import (
     rollout,
     trainer_diff,
 )
+
 from zeromismatch.commands.parity import run_parity
 from zeromismatch.engine import SamplingParams
 from zeromismatch.train.logprobs import compute_logprobs

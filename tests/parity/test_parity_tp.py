@@ -4,6 +4,7 @@ so these are slow tests."""
 
 import pytest
 from parity_helpers import PRESETS, SAMPLING
+
 from zeromismatch.commands.parity import run_parity
 from zeromismatch.engine import LLM, SamplingParams
 

@@ -4,6 +4,7 @@ version that sampled it -- in all three modes -- and its inverse with default ke
 import pytest
 import torch
 from parity_helpers import PRESETS, engine, logprobs_of, model, workload
+
 from zeromismatch.train.logprobs import recompute_outputs
 
 

@@ -4,6 +4,7 @@ the fix prevents (on tiny-qwen3, aligned kernels, so the fix is the only variabl
 import torch
 from parity_helpers import engine, logprobs_of, model, rollout, trainer_diff, workload
 from test_parity_updates import new_weights, per_version_equal, run_with_update
+
 from zeromismatch.train.logprobs import recompute_outputs
 
 PRESET = "tiny-qwen3"

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from rl_helpers import read_metrics, tiny_config
+
 from zeromismatch.rl import train
 
 pytestmark = pytest.mark.slow

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from rl_helpers import read_metrics, tiny_config
+
 from zeromismatch.rl import train
 from zeromismatch.train.checkpoint import latest_checkpoint
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 from rl_helpers import read_metrics, tiny_config
+
 from zeromismatch.envs import ENVS
 from zeromismatch.rl import ALGOS, train
 
