@@ -8,7 +8,10 @@ One run measures all three side by side on the same weights and the same prompts
   ``do_sample=True`` with the same temperature, ``top_k=0``, fixed ``max_new_tokens``
   (``min_new_tokens`` too, so no request stops early).
 Each repetition runs the three in rotating order; tokens/s = generated tokens / wall
-seconds, and the reported ratios are ratios of the per-system *medians*. The published
+seconds, and the reported ratios are ratios of the per-system *medians*. Each run also records
+its process CPU seconds and minor page faults: fresh multi-MB temporaries are page-faulted in
+on first touch, and how often that happens depends on the allocator's state (e.g. whether the
+HF model ran in the same process), which moves the wall-clock numbers by tens of percent. The published
 reference for aligned ÷ default is 0.913 (S1); this script makes no claim about GPUs.
 
 Usage: ``python benchmarks/rollout.py [--model tiny-qwen3] [--batch 32] [--new-tokens 128]
@@ -19,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
 from zeromismatch._provenance import provenance
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
@@ -38,7 +43,16 @@ def make_prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[lis
     return [torch.randint(0, vocab, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
 
 
-def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: float) -> tuple[float, int]:
+def _usage_since(before) -> dict:
+    """Process CPU seconds (user + system) and minor page faults since ``before`` (a getrusage)."""
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "minor_page_faults": after.ru_minflt - before.ru_minflt,
+    }
+
+
+def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: float) -> tuple[float, int, dict]:
     llm = LLM(
         model,
         kernels,
@@ -48,10 +62,11 @@ def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: floa
         block_size=16,
     )
     params = SamplingParams(temperature=temperature, max_tokens=new_tokens, seed=1)
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    return elapsed, sum(len(o.token_ids) for o in outputs)
+    return elapsed, sum(len(o.token_ids) for o in outputs), _usage_since(before)
 
 
 def build_hf_model(model, dtype: torch.dtype):
@@ -81,10 +96,11 @@ def hf_logits_gap(model, hf, prompt: list[int]) -> float:
     return float((ours - theirs).abs().max())
 
 
-def time_hf(hf, prompts, new_tokens: int, temperature: float) -> tuple[float, int]:
+def time_hf(hf, prompts, new_tokens: int, temperature: float) -> tuple[float, int, dict]:
     ids = torch.tensor(prompts, dtype=torch.int64)  # equal-length prompts: no padding needed
     mask = torch.ones_like(ids)
     torch.manual_seed(1)
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     with torch.no_grad():
         out = hf.generate(
@@ -99,7 +115,7 @@ def time_hf(hf, prompts, new_tokens: int, temperature: float) -> tuple[float, in
             pad_token_id=0,
         )
     elapsed = time.perf_counter() - start
-    return elapsed, int((out.shape[1] - ids.shape[1]) * ids.shape[0])
+    return elapsed, int((out.shape[1] - ids.shape[1]) * ids.shape[0]), _usage_since(before)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,14 +153,24 @@ def main(argv: list[str] | None = None) -> int:
         order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
         for name in order:
             if name == "hf-generate":
-                seconds, tokens = time_hf(hf, prompts, args.new_tokens, args.temperature)
+                seconds, tokens, usage = time_hf(hf, prompts, args.new_tokens, args.temperature)
             else:
                 kernels = name.split("-", 1)[1]
-                seconds, tokens = time_engine(model, kernels, prompts, args.new_tokens, args.temperature)
+                seconds, tokens, usage = time_engine(
+                    model, kernels, prompts, args.new_tokens, args.temperature
+                )
                 model.set_kernels("aligned")
-            runs[name].append({"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds})
-            print(f"rep {rep} {name:15s} {tokens} tokens in {seconds:.3f} s = {tokens / seconds:.1f} tok/s")
+            runs[name].append(
+                {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, **usage}
+            )
+            print(
+                f"rep {rep} {name:15s} {tokens} tokens in {seconds:.3f} s = {tokens / seconds:.1f} tok/s "
+                f"(cpu {usage['cpu_seconds']:.3f} s, {usage['minor_page_faults']} page faults)"
+            )
     medians = {name: statistics.median(r["tokens_per_s"] for r in runs[name]) for name in systems}
+    cpu_medians = {
+        name: statistics.median(r["tokens"] / r["cpu_seconds"] for r in runs[name]) for name in systems
+    }
     result = {
         "benchmark": "rollout",
         "config": vars(args),
@@ -153,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "median_tokens_per_s": medians,
         "ratio_aligned_over_default": medians["engine-aligned"] / medians["engine-default"],
+        "median_tokens_per_cpu_s": cpu_medians,
+        "ratio_aligned_over_default_cpu": cpu_medians["engine-aligned"] / cpu_medians["engine-default"],
         "targets": {"aligned_over_default": 0.95, "engine_over_hf": 3.0},
         "published": {"aligned_over_default": 0.913, "source": "S1"},
         "provenance": provenance(config=vars(args)),

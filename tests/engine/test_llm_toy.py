@@ -9,6 +9,7 @@ inverse case and must not.
 import pytest
 import torch
 from toy_model import ToyKernels, ToyModel
+
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.train.logprobs import compute_logprobs, recompute_outputs
 

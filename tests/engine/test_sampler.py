@@ -2,6 +2,7 @@
 
 import torch
 from toy_model import ToyKernels
+
 from zeromismatch.engine.sampler import Sampler, mix_seed, token_logprobs
 from zeromismatch.engine.sampling_params import SamplingParams
 

@@ -1,6 +1,7 @@
 """SamplingParams validation: each bad field gets one clear error naming it."""
 
 import pytest
+
 from zeromismatch.engine import SamplingParams
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from toy_model import ToyModel
+
 from zeromismatch.engine import SamplingParams
 from zeromismatch.train.logprobs import compute_logprobs, plan_micro_batches
 

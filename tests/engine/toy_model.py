@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+
 from zeromismatch.models.batch import ForwardBatch, ModelCache
 
 

@@ -189,7 +189,14 @@ class LLM:
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward, sample. Returns outputs of requests that sampled a token
         this step (finished or not) and of requests finished by a drain/abort since the last step."""
-        outputs, self._pending = self._pending, []
+        return self._step(collect=True)
+
+    def _step(self, collect: bool) -> list[RequestOutput]:
+        # collect=False (generate): no per-step output snapshots (each copies the token lists);
+        # pending drain/abort outputs stay queued for the next step()
+        outputs: list[RequestOutput] = []
+        if collect:
+            outputs, self._pending = self._pending, []
         plan = self.scheduler.schedule(self.weight_version)
         self.num_preemptions += len(plan.preempted)
         results = self.runner.execute(plan.chunks)
@@ -211,7 +218,8 @@ class LLM:
             if request.finished:
                 self.scheduler.release(request)
                 self._requests.pop(request.request_id, None)
-            outputs.append(request.to_output())
+            if collect:
+                outputs.append(request.to_output())
         self.num_steps += 1
         return outputs
 
@@ -233,7 +241,7 @@ class LLM:
                 requests.append(None)
                 errors[i] = str(err)
         while any(r is not None and not r.finished for r in requests):
-            self.step()
+            self._step(collect=False)
         return [
             _error_output(f"error-{i}", prompts[i], params[i], errors[i]) if r is None else r.to_output()
             for i, r in enumerate(requests)

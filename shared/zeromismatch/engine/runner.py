@@ -52,29 +52,30 @@ class ModelRunner:
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> ForwardBatch:
         bs = self.block_size
-        input_ids, positions, slots = [], [], []
+        input_ids, positions, slots, table_rows = [], [], [], []
         q_lens, kv_lens, state_slots, has_state = [], [], [], []
         max_blocks = max(len(c.request.block_ids) for c in chunks)
-        block_table = torch.zeros(len(chunks), max_blocks, dtype=torch.int64)
-        for i, chunk in enumerate(chunks):
+        for chunk in chunks:
             request = chunk.request
-            end = chunk.start + chunk.num_tokens
-            input_ids.extend(request.all_token_ids[chunk.start : end])
-            positions.extend(range(chunk.start, end))
-            slots.extend(request.block_ids[p // bs] * bs + p % bs for p in range(chunk.start, end))
+            start, end = chunk.start, chunk.start + chunk.num_tokens
+            input_ids.extend(_token_slice(request, start, end))
+            positions.extend(range(start, end))
+            block_ids = request.block_ids
+            slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
             q_lens.append(chunk.num_tokens)
             kv_lens.append(end)
-            block_table[i, : len(request.block_ids)] = torch.tensor(request.block_ids, dtype=torch.int64)
+            table_rows.append(block_ids + [0] * (max_blocks - len(block_ids)))
             state_slots.append(request.state_slot if request.state_slot is not None else 0)
-            has_state.append(chunk.start > 0)
-        cu = torch.zeros(len(chunks) + 1, dtype=torch.int64)
-        cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int64), 0)
+            has_state.append(start > 0)
+        cu = [0]
+        for n in q_lens:
+            cu.append(cu[-1] + n)
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=torch.tensor(positions, dtype=torch.int64),
-            cu_seqlens_q=cu,
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int64),
             kv_lens=torch.tensor(kv_lens, dtype=torch.int64),
-            block_table=block_table,
+            block_table=torch.tensor(table_rows, dtype=torch.int64).view(len(chunks), max_blocks),
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
             state_slots=torch.tensor(state_slots, dtype=torch.int64),
             has_initial_state=torch.tensor(has_state, dtype=torch.bool),
@@ -108,3 +109,14 @@ class ModelRunner:
             [len(r.output_token_ids) for r in requests],
         )
         return [(chunks[i], t, lp) for i, t, lp in zip(sampling, out.token_ids, out.logprobs)]
+
+
+def _token_slice(request, start: int, end: int) -> list[int]:
+    """``request.all_token_ids[start:end]`` without building the whole list every step."""
+    prompt, output = request.prompt_token_ids, request.output_token_ids
+    n_prompt = len(prompt)
+    if end <= n_prompt:
+        return prompt[start:end]
+    if start >= n_prompt:
+        return output[start - n_prompt : end - n_prompt]
+    return prompt[start:] + output[: end - n_prompt]

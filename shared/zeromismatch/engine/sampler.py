@@ -77,6 +77,9 @@ class SamplerOutput:
 class Sampler:
     def __init__(self, kernels):
         self.kernels = kernels
+        # one generator, re-seeded per draw: manual_seed resets its whole state, so a draw is the
+        # same as from a fresh generator with that seed (and costs no allocation)
+        self._generator = torch.Generator(device="cpu")
 
     def __call__(
         self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], token_indices: list[int]
@@ -85,17 +88,21 @@ class Sampler:
             raise TypeError(f"sampler expects fp32 logits, got {logits.dtype}")
         temperature, top_k, top_p = sampling_tensors(params, logits.device)
         processed = self.kernels.processed_log_softmax(logits, temperature, top_k, top_p)
-        vocab = logits.shape[1]
-        tokens = []
+        # row i of the noise is filled from request i's own generator stream (a contiguous row of
+        # vocab entries, exactly what a fresh [vocab] tensor would get); log, the race and argmax
+        # are elementwise / per row, so batching them changes no row's bits
+        noise = torch.empty(logits.shape, dtype=torch.float32)
+        generator = self._generator
         for row, (seed, index) in enumerate(zip(seeds, token_indices)):
-            generator = torch.Generator(device="cpu").manual_seed(mix_seed(seed, index))
-            noise = torch.empty(vocab, dtype=torch.float32).exponential_(generator=generator)
-            race = processed[row].cpu() - noise.log()
-            tokens.append(int(torch.argmax(race)))
-        token_tensor = torch.tensor(tokens, dtype=torch.int64, device=logits.device)
+            generator.manual_seed(mix_seed(seed, index))
+            noise[row].exponential_(generator=generator)
+        race = processed.cpu() - noise.log()
+        token_cpu = torch.argmax(race, dim=1)  # first maximum per row
+        tokens = token_cpu.tolist()
+        token_tensor = token_cpu.to(logits.device)
         modes = {p.logprobs_mode for p in params}
         if modes == {"processed"}:
             chosen = processed.gather(1, token_tensor.view(-1, 1)).view(-1)
         else:
             chosen = token_logprobs(self.kernels, logits, params, token_tensor)
-        return SamplerOutput(tokens, [float(x) for x in chosen.cpu()])
+        return SamplerOutput(tokens, chosen.cpu().tolist())

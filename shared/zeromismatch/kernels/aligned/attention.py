@@ -30,9 +30,23 @@ size, a decode step over a paged cache of any block size and block order, and in
 Elementwise transcendental ops used here (exp) were measured to give the same bits wherever
 an element sits in a tensor (unlike torch.sigmoid/silu/softplus on this CPU).
 Outputs are returned in q's dtype; all arithmetic is fp32.
+
+Implementation notes (none of them changes which numbers meet in which op):
+- Keys and values are gathered with one row gather each, straight into the heads-first
+  ``[Hkv, B, L, D]`` layout (rows of ``src.reshape(-1, D)``), into buffers reused across calls
+  when no input needs autograd (fresh multi-MB buffers paid a page fault per page).
+- Everything that depends only on the batch layout (row and key indices, causal masks) is a
+  per-step *plan*, built once and reused by every layer while the batch tensors are the same
+  objects at the same version (see ``_cached_plan``).
+- The GEMMs always run on all ``MIN_ROWS``-padded rows; the row-local ops between them run
+  only on the rows that carry a real query, and P @ V gets zero rows as padding (rows never
+  interact in a GEMM; only the shape selects the kernel). Equal-length sequences are batched.
 """
 
 from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -46,6 +60,8 @@ MIN_ROWS = 16
 _BATCHED_ROWS = 16
 #: query rows attended together (bounds memory; rows are independent, so no numeric effect)
 _ROW_TILE = 256
+#: most query rows of equal-length sequences batched into one group
+_GROUP_ROWS = 2048
 _NEG_INF = float("-inf")
 
 
@@ -58,7 +74,7 @@ def _check_offsets(cu: torch.Tensor, total: int, name: str) -> list[int]:
     return offsets
 
 
-def _check_common(q: torch.Tensor, hkv: int, dqk: int, cu_seqlens_q: torch.Tensor, scale: float) -> list[int]:
+def _check_common(q: torch.Tensor, hkv: int, dqk: int, scale: float) -> None:
     if q.dim() != 3:
         raise ValueError(f"q must be [Tq, Hq, Dqk], got shape {tuple(q.shape)}")
     if not q.is_floating_point():
@@ -69,9 +85,175 @@ def _check_common(q: torch.Tensor, hkv: int, dqk: int, cu_seqlens_q: torch.Tenso
         raise ValueError(f"q heads {q.shape[1]} must be a multiple of kv heads {hkv}")
     if not isinstance(scale, (float, int)):
         raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-    return _check_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
 
 
+# ---- per-step plan ------------------------------------------------------------------------------
+# Everything below that depends only on the batch layout (which query rows, which key rows, the
+# causal masks) is computed once and reused by every layer of a forward: the model calls attention
+# once per layer with the *same* offsets / block-table / kv_lens tensor objects. The single-entry
+# cache is keyed on the identity and in-place version of those tensors plus the head layout, and
+# holds references to them, so a freed tensor's id can never be mistaken for a live one. The plan
+# holds index tensors only; it decides which numbers meet in which op, never how they are combined.
+
+
+@dataclass
+class _TilePlan:
+    lo: int
+    hi: int
+    start: int
+    n_blocks: int
+    #: leading tile rows that carry a real query; the rest only pad the GEMMs to MIN_ROWS rows
+    real: int
+    blocked: torch.Tensor  # [B, NB, real, KEY_BLOCK] bool: key after the query (score -> -inf)
+    active: torch.Tensor  # [B, NB, real] bool: block starts at or before the query
+
+
+@dataclass
+class _GroupPlan:
+    nseq: int
+    slots: int
+    kept_slots: int  # query slots per sequence in the result (the padding-only slots are dropped)
+    q_index: torch.Tensor  # [B * slots] token of each query slot (last query repeated)
+    n_blocks: int
+    kv_rows: torch.Tensor  # [Hkv * B * L] rows of src.reshape(-1, D), laid out heads first
+    invalid_rows: torch.Tensor | None  # rows of that layout past kv_len (values zeroed)
+    tiles: list[_TilePlan]
+    pick: torch.Tensor | None  # real query slots among the B * slots (None: all are real)
+    out_tokens: torch.Tensor  # output row of each picked slot
+
+
+_plan_cache: tuple | None = None  # (key, tensors, versions, plan) of the last call
+
+# Reused gather buffers. Every decode step gathers a few MB of keys/values per layer; fresh
+# allocations of that size come from mmap and pay a page fault per 4 KiB page on first write,
+# which measured slower than the gather itself. Only used when no input needs autograd (a
+# reused buffer would overwrite tensors saved for backward) and below ``_WORKSPACE_MAX`` elements.
+# Per thread, so that concurrent callers never share a buffer.
+_thread_state = threading.local()
+_WORKSPACE_MAX = 1 << 24
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype, device, reuse: bool) -> torch.Tensor:
+    numel = 1
+    for n in shape:
+        numel *= n
+    if not reuse or numel > _WORKSPACE_MAX:
+        return torch.empty(shape, dtype=dtype, device=device)
+    workspace = getattr(_thread_state, "workspace", None)
+    if workspace is None:
+        workspace = _thread_state.workspace = {}
+    buf = workspace.get(name)
+    if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != torch.device(device):
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        workspace[name] = buf
+    return buf[:numel].view(shape)
+
+
+def _cached_plan(key: tuple, tensors: tuple[torch.Tensor, ...], build):
+    """The plan for ``key`` built from ``tensors`` unchanged since the last call, else ``build()``."""
+    global _plan_cache
+    key = (threading.get_ident(), *key)
+    versions = tuple(t._version for t in tensors)
+    hit = _plan_cache
+    if (
+        hit is not None
+        and hit[0] == key
+        and hit[2] == versions
+        and len(hit[1]) == len(tensors)
+        and all(a is b for a, b in zip(hit[1], tensors))
+    ):
+        return hit[3]
+    plan = build()
+    _plan_cache = (key, tensors, versions, plan)
+    return plan
+
+
+def _build_plan(cu_list, kv_list, key_index, hkv: int, group: int, device) -> list[_GroupPlan]:
+    """Group sequences (grouping never changes bits: every GEMM is row-invariant) and plan each group."""
+    lens = [b - a for a, b in zip(cu_list, cu_list[1:])]
+    if any(n > kv for n, kv in zip(lens, kv_list)):
+        raise ValueError("every sequence needs kv_len >= q_len (this step's keys must be included)")
+    small = [s for s, n in enumerate(lens) if 0 < n * group <= _BATCHED_ROWS]
+    groups = [small] if small else []
+    # sequences of one tile or less with the same q_len (e.g. equal-length prompts) share a group:
+    # no slot padding, and at most _GROUP_ROWS query rows per group to bound the memory
+    same_len: dict[int, list[int]] = {}
+    for s, n in enumerate(lens):
+        if n * group > _ROW_TILE:
+            groups.append([s])
+        elif n * group > _BATCHED_ROWS:
+            members = same_len.setdefault(n, [])
+            if members and (len(members) + 1) * n * group > _GROUP_ROWS:
+                groups.append(members)
+                members = same_len[n] = []
+            members.append(s)
+    groups += list(same_len.values())
+    return [_plan_group(cu_list, lens, kv_list, key_index, seqs, hkv, group, device) for seqs in groups]
+
+
+def _plan_group(cu_list, lens, kv_list, key_index, seqs, hkv, group, device) -> _GroupPlan:
+    seq_lens, seq_kv = [lens[s] for s in seqs], [kv_list[s] for s in seqs]
+    nseq = len(seqs)
+    # query slots per sequence; extra slots repeat the sequence's last query so that every GEMM
+    # has >= MIN_ROWS rows (repeated rows are computed and dropped; rows never interact)
+    slots = max(max(seq_lens), -(-MIN_ROWS // group))
+    rows = slots * group
+    g_qlen = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+    g_kvlen = torch.tensor(seq_kv, dtype=torch.int64, device=device)
+    g_start = torch.tensor([cu_list[s] for s in seqs], dtype=torch.int64, device=device)
+    slot_query = torch.minimum(torch.arange(slots, device=device)[None, :], g_qlen[:, None] - 1)
+    q_tok = g_start[:, None] + slot_query  # [B, slots]
+    # row = slot * group + head_in_group, ascending in position
+    q_pos = ((g_kvlen - g_qlen)[:, None] + slot_query).repeat_interleave(group, dim=1)
+    seqs_t = torch.tensor(seqs, dtype=torch.int64, device=device)
+
+    # keys/values of positions 0 .. n_blocks*KEY_BLOCK-1; values are zeroed past kv_len
+    n_blocks = -(-max(seq_kv) // KEY_BLOCK)
+    pos = torch.arange(n_blocks * KEY_BLOCK, device=device)
+    k_valid = pos[None, :] < g_kvlen[:, None]  # [B, L]
+    idx = torch.where(k_valid, key_index(seqs_t, pos), 0)
+    heads = torch.arange(hkv, dtype=torch.int64, device=device)
+    kv_rows = (idx[None] * hkv + heads[:, None, None]).flatten()
+    invalid = (~k_valid)[None].expand(hkv, -1, -1).flatten().nonzero().squeeze(1)
+
+    tiles = []
+    # row tiles (rows are ascending in position, so a tile only needs the blocks up to its last row)
+    for lo in range(0, rows, _ROW_TILE):
+        hi = min(rows, lo + _ROW_TILE)
+        start = max(0, min(lo, hi - MIN_ROWS))  # a short last tile re-computes earlier rows: >= MIN_ROWS
+        tile_pos = q_pos[:, start:hi]
+        tile_blocks = int(tile_pos.max()) // KEY_BLOCK + 1
+        # one tile of a group of short sequences (decode): only the first max_q slots hold distinct
+        # queries; the rows after them exist for the GEMMs alone, so the row-local ops skip them
+        real = max(seq_lens) * group if rows <= _ROW_TILE else hi - start
+        key_pos = torch.arange(tile_blocks * KEY_BLOCK, device=device).view(tile_blocks, KEY_BLOCK)
+        real_pos = tile_pos[:, :real]
+        blocked = key_pos[None, :, None, :] > real_pos[:, None, :, None]  # [B, NB, real, KB]
+        active = key_pos[:, 0][None, :, None] <= real_pos[:, None, :]  # [B, NB, real]
+        tiles.append(_TilePlan(lo, hi, start, tile_blocks, real, blocked, active))
+
+    kept_slots = tiles[0].real // group if len(tiles) == 1 else slots
+    pick = None
+    out_tokens = q_tok[:, :kept_slots].flatten()
+    if sum(seq_lens) < nseq * kept_slots:
+        is_query = torch.arange(kept_slots, device=device)[None, :] < g_qlen[:, None]
+        pick = is_query.flatten().nonzero().squeeze(1)
+        out_tokens = out_tokens[pick]
+    return _GroupPlan(
+        nseq,
+        slots,
+        kept_slots,
+        q_tok.flatten(),
+        n_blocks,
+        kv_rows,
+        invalid if invalid.numel() else None,
+        tiles,
+        pick,
+        out_tokens,
+    )
+
+
+# ---- entry points ---------------------------------------------------------------------------------
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -83,17 +265,25 @@ def attention(
     """Causal varlen attention over packed K/V (bottom-right aligned); see module docstring."""
     if k.dim() != 3 or v.dim() != 3 or k.shape[:2] != v.shape[:2]:
         raise ValueError(f"k [Tk, Hkv, Dqk] and v [Tk, Hkv, Dv] disagree: {tuple(k.shape)}, {tuple(v.shape)}")
-    cu_q = _check_common(q, k.shape[1], k.shape[2], cu_seqlens_q, scale)
+    _check_common(q, k.shape[1], k.shape[2], scale)
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
         raise ValueError("cu_seqlens_k must have the same length as cu_seqlens_q")
-    cu_k = _check_offsets(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    starts = cu_seqlens_k[:-1].to(torch.int64)
+    hkv, group = k.shape[1], q.shape[1] // k.shape[1]
 
-    def key_index(seqs: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return starts[seqs][:, None] + pos[None, :]
+    def build():
+        cu_q = _check_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+        cu_k = _check_offsets(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+        starts = cu_seqlens_k[:-1].to(torch.int64)
 
-    kv_lens = [b - a for a, b in zip(cu_k, cu_k[1:])]
-    return _attend(q, k, v, cu_q, kv_lens, key_index, scale)
+        def key_index(seqs: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            return starts[seqs][:, None] + pos[None, :]
+
+        kv_lens = [b - a for a, b in zip(cu_k, cu_k[1:])]
+        return _build_plan(cu_q, kv_lens, key_index, hkv, group, q.device)
+
+    key = ("packed", q.shape[0], k.shape[0], hkv, group, q.device)
+    plan = _cached_plan(key, (cu_seqlens_q, cu_seqlens_k), build)
+    return _attend(q, k, v, plan, scale)
 
 
 def paged_attention(
@@ -111,136 +301,136 @@ def paged_attention(
             f"k_cache [blocks, block_size, Hkv, Dqk] and v_cache [blocks, block_size, Hkv, Dv] disagree: "
             f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
         )
-    cu_q = _check_common(q, k_cache.shape[2], k_cache.shape[3], cu_seqlens_q, scale)
-    num_seqs = len(cu_q) - 1
+    hkv = k_cache.shape[2]
+    _check_common(q, hkv, k_cache.shape[3], scale)
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 1 or cu_seqlens_q.is_floating_point():
+        raise ValueError("cu_seqlens_q must be a 1-D integer offsets tensor [S+1]")
+    num_seqs = cu_seqlens_q.numel() - 1
     if block_table.dim() != 2 or block_table.shape[0] != num_seqs:
         raise ValueError(f"block_table must be [S={num_seqs}, max_blocks], got {tuple(block_table.shape)}")
     if kv_lens.shape != (num_seqs,):
         raise ValueError(f"kv_lens must be [S={num_seqs}], got {tuple(kv_lens.shape)}")
     cache_block = k_cache.shape[1]
-    kv_list = kv_lens.tolist()
-    if any(n > block_table.shape[1] * cache_block for n in kv_list):
-        raise ValueError("kv_lens exceed the blocks in block_table")
-    table = block_table.to(torch.int64)
-    flat_k = k_cache.reshape(-1, k_cache.shape[2], k_cache.shape[3])
-    flat_v = v_cache.reshape(-1, v_cache.shape[2], v_cache.shape[3])
-    max_blocks = table.shape[1]
+    group = q.shape[1] // hkv
 
-    def key_index(seqs: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        blk = (pos // cache_block).clamp(max=max_blocks - 1)
-        return table[seqs][:, blk] * cache_block + (pos % cache_block)[None, :]
+    def build():
+        cu_q = _check_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+        kv_list = kv_lens.tolist()
+        if any(n > block_table.shape[1] * cache_block for n in kv_list):
+            raise ValueError("kv_lens exceed the blocks in block_table")
+        table = block_table.to(torch.int64)
+        max_blocks = table.shape[1]
 
-    return _attend(q, flat_k, flat_v, cu_q, kv_list, key_index, scale)
+        def key_index(seqs: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            blk = (pos // cache_block).clamp(max=max_blocks - 1)
+            return table[seqs][:, blk] * cache_block + (pos % cache_block)[None, :]
+
+        return _build_plan(cu_q, kv_list, key_index, hkv, group, q.device)
+
+    key = ("paged", q.shape[0], cache_block, hkv, group, q.device)
+    plan = _cached_plan(key, (block_table, cu_seqlens_q, kv_lens), build)
+    return _attend(q, k_cache, v_cache, plan, scale)
 
 
-def _attend(q, k_src, v_src, cu_list, kv_list, key_index, scale: float) -> torch.Tensor:
-    """Group sequences (grouping never changes bits: every GEMM is row-invariant) and attend."""
+def _attend(q, k_src, v_src, plan: list[_GroupPlan], scale: float) -> torch.Tensor:
+    """k_src / v_src: ``[..., Hkv, D]`` with contiguous token-major rows (packed K/V or the cache)."""
     tq, hq, _ = q.shape
-    hkv, dv = k_src.shape[1], v_src.shape[2]
-    group = hq // hkv
-    lens = [b - a for a, b in zip(cu_list, cu_list[1:])]
-    if any(n > kv for n, kv in zip(lens, kv_list)):
-        raise ValueError("every sequence needs kv_len >= q_len (this step's keys must be included)")
+    hkv, dv = k_src.shape[-2], v_src.shape[-1]
     out = torch.empty(tq, hq, dv, dtype=q.dtype, device=q.device)
-    small = [s for s, n in enumerate(lens) if 0 < n * group <= _BATCHED_ROWS]
-    groups = [small] if small else []
-    groups += [[s] for s, n in enumerate(lens) if n * group > _BATCHED_ROWS]
-    for seqs in groups:
-        seq_lens, seq_kv = [lens[s] for s in seqs], [kv_list[s] for s in seqs]
-        _attend_group(q, k_src, v_src, cu_list, key_index, seqs, seq_lens, seq_kv, group, scale, out)
+    k_rows = k_src.reshape(-1, k_src.shape[-1])  # row (slot * Hkv + head)
+    v_rows = v_src.reshape(-1, dv)
+    reuse = not (torch.is_grad_enabled() and (q.requires_grad or k_src.requires_grad or v_src.requires_grad))
+    for group_plan in plan:
+        _attend_group(q, k_rows, v_rows, hkv, group_plan, scale, out, reuse)
     return out
 
 
-def _attend_group(q, k_src, v_src, cu_list, key_index, seqs, seq_lens, seq_kv, group, scale, out) -> None:
-    """Attend the sequences ``seqs`` together; tensors are laid out [Hkv, B, ...] (B = len(seqs))."""
-    hkv, dqk, dv = k_src.shape[1], k_src.shape[2], v_src.shape[2]
-    nseq = len(seqs)
-    max_q = max(seq_lens)
-    # query slots per sequence; extra slots repeat the sequence's last query so that every GEMM
-    # has >= MIN_ROWS rows (repeated rows are computed and dropped; rows never interact)
-    slots = max(max_q, -(-MIN_ROWS // group))
+def _attend_group(q, k_rows, v_rows, hkv, plan: _GroupPlan, scale, out, reuse: bool) -> None:
+    """Attend one group of sequences; tensors are laid out [Hkv, B, ...] (B = plan.nseq)."""
+    dqk, dv, group = k_rows.shape[1], v_rows.shape[1], q.shape[1] // hkv
+    nseq, slots = plan.nseq, plan.slots
     rows = slots * group
-    starts = [cu_list[s] for s in seqs]
-    tok_list, pos_list = [], []
-    for start, q_len, kv_len in zip(starts, seq_lens, seq_kv):
-        last = q_len - 1
-        tok_list.append([start + min(i, last) for i in range(slots)])
-        pos_list.append([kv_len - q_len + min(i, last) for i in range(slots)])
-    q_tok = torch.tensor(tok_list, dtype=torch.int64, device=q.device)  # [B, slots]
-    # row = slot * group + head_in_group, ascending in position
-    q_pos = torch.tensor(pos_list, dtype=torch.int64, device=q.device).repeat_interleave(group, dim=1)
-    q_rows = q.view(q.shape[0], hkv, group, dqk).transpose(0, 1)[:, q_tok].float()  # [Hkv, B, slots, G, D]
-    q_rows = q_rows.view(hkv, nseq, rows, dqk)
-    seqs = torch.tensor(seqs, dtype=torch.int64, device=q.device)
-    g_kvlen = torch.tensor(seq_kv, dtype=torch.int64, device=q.device)
-
-    # keys/values of positions 0 .. n_blocks*KEY_BLOCK-1; values zeroed past kv_len (stale cache may be nan)
-    n_blocks = -(-max(seq_kv) // KEY_BLOCK)
-    pos = torch.arange(n_blocks * KEY_BLOCK, device=q.device)
-    k_valid = pos[None, :] < g_kvlen[:, None]  # [B, L]
-    idx = torch.where(k_valid, key_index(seqs, pos), 0)
-    keys = _gather_heads_first(k_src, idx).view(hkv, nseq, n_blocks, KEY_BLOCK, dqk)
-    # values get a ones column: P @ [V | 1] yields each block's probability sum from the same GEMM
-    vals = _gather_heads_first(v_src, idx, extra_ones_column=True)
-    vals[..., :dv].masked_fill_(~k_valid[None, :, :, None], 0.0)
-    vals = vals.view(hkv, nseq, n_blocks, KEY_BLOCK, dv + 1)
-
-    result = q_rows.new_empty(hkv, nseq, rows, dv)  # vals carry dv + 1 columns; results dv
-    # row tiles (rows are ascending in position, so a tile only needs the blocks up to its last row)
-    for lo in range(0, rows, _ROW_TILE):
-        hi = min(rows, lo + _ROW_TILE)
-        start = max(0, min(lo, hi - MIN_ROWS))  # a short last tile re-computes earlier rows: >= MIN_ROWS
-        tile_pos = q_pos[:, start:hi]
-        tile_blocks = int(tile_pos.max()) // KEY_BLOCK + 1
-        tile_out = _attend_rows(
-            q_rows[:, :, start:hi], tile_pos, keys[:, :, :tile_blocks], vals[:, :, :tile_blocks], scale
-        )
-        result[:, :, lo:hi] = tile_out[:, :, lo - start :]
-    result = result.view(hkv, nseq, slots, group, dv).permute(1, 2, 0, 3, 4).reshape(nseq * slots, -1, dv)
-    picks = [b * slots + i for b, q_len in enumerate(seq_lens) for i in range(q_len)]
-    if len(picks) < nseq * slots:
-        pick_t = torch.tensor(picks, dtype=torch.int64, device=q.device)
-        out[q_tok.flatten()[pick_t]] = result[pick_t].to(out.dtype)
+    # [B * slots, Hkv, G * D] -> [Hkv, B, rows, D] in fp32 (a row gather, then one permuting copy)
+    q_rows = torch.index_select(q.reshape(q.shape[0], hkv, group * dqk), 0, plan.q_index)
+    q_rows = q_rows.transpose(0, 1)
+    if q_rows.dtype == torch.float32:
+        q_rows = q_rows.contiguous()
     else:
-        out[q_tok.flatten()] = result.to(out.dtype)
+        q_rows = q_rows.to(torch.float32, memory_format=torch.contiguous_format)
+    q_rows = q_rows.view(hkv, nseq, rows, dqk)
+
+    n_rows = plan.kv_rows.numel()
+    # one row gather straight into the heads-first layout (no permuting copy)
+    keys = _gather_rows(k_rows, plan.kv_rows, "keys", reuse).to(torch.float32)
+    keys = keys.view(hkv, nseq, plan.n_blocks, KEY_BLOCK, dqk)
+    # values get a ones column: P @ [V | 1] yields each block's probability sum from the same GEMM;
+    # values past kv_len are zeroed (stale cache slots may hold nan: 0 * nan = nan)
+    vals = _scratch("values", (n_rows, dv + 1), torch.float32, q.device, reuse)
+    vals[:, :dv].copy_(_gather_rows(v_rows, plan.kv_rows, "gathered_values", reuse))
+    if plan.invalid_rows is not None:  # (measured faster than a masked copy or a where)
+        vals.index_fill_(0, plan.invalid_rows, 0.0)
+    vals[:, dv] = 1.0
+    vals = vals.view(hkv, nseq, plan.n_blocks, KEY_BLOCK, dv + 1)
+
+    if len(plan.tiles) == 1:
+        tile = plan.tiles[0]
+        result = _attend_rows(
+            q_rows, tile, keys[:, :, : tile.n_blocks], vals[:, :, : tile.n_blocks], scale, reuse
+        )
+    else:
+        result = q_rows.new_empty(hkv, nseq, rows, dv)  # vals carry dv + 1 columns; results dv
+        for tile in plan.tiles:
+            tile_out = _attend_rows(
+                q_rows[:, :, tile.start : tile.hi],
+                tile,
+                keys[:, :, : tile.n_blocks],
+                vals[:, :, : tile.n_blocks],
+                scale,
+                reuse,
+            )
+            result[:, :, tile.lo : tile.hi] = tile_out[:, :, tile.lo - tile.start :]
+    result = result.view(hkv, nseq * plan.kept_slots, group, dv)
+    if plan.pick is not None:
+        result = result.index_select(1, plan.pick)
+    picked = result.permute(1, 0, 2, 3).reshape(-1, hkv * group, dv).to(out.dtype)
+    out.index_copy_(0, plan.out_tokens, picked)
 
 
-def _gather_heads_first(
-    src: torch.Tensor, idx: torch.Tensor, extra_ones_column: bool = False
-) -> torch.Tensor:
-    """``src[idx]`` laid out ``[H, *idx.shape, D (+1)]`` in fp32: one row gather, one permuting copy."""
-    rows = torch.index_select(src.reshape(src.shape[0], -1), 0, idx.flatten())
-    rows = rows.view(*idx.shape, src.shape[1], src.shape[2])
-    perm = (rows.dim() - 2, *range(rows.dim() - 2), rows.dim() - 1)
-    if not extra_ones_column:
-        return rows.permute(perm).to(torch.float32, memory_format=torch.contiguous_format)
-    out = torch.empty(src.shape[1], *idx.shape, src.shape[2] + 1, dtype=torch.float32, device=src.device)
-    out[..., :-1].copy_(rows.permute(perm))
-    out[..., -1] = 1.0
-    return out
+def _gather_rows(src: torch.Tensor, index: torch.Tensor, name: str, reuse: bool) -> torch.Tensor:
+    """``src[index]`` (rows), into a reused buffer when allowed (``out=`` has no autograd)."""
+    if not reuse:
+        return torch.index_select(src, 0, index)
+    buf = _scratch(name, (index.numel(), src.shape[1]), src.dtype, src.device, True)
+    return torch.index_select(src, 0, index, out=buf)
 
 
-def _attend_rows(q_rows, q_pos, keys, vals, scale: float) -> torch.Tensor:
+def _attend_rows(q_rows, tile: _TilePlan, keys, vals, scale: float, reuse: bool) -> torch.Tensor:
     """Split-KV attention of query rows over key blocks; every op is row-local (see module docstring).
 
-    q_rows ``[Hkv, B, R, Dqk]`` fp32 (R >= MIN_ROWS), q_pos ``[B, R]`` absolute positions,
-    keys ``[Hkv, B, NB, KEY_BLOCK, Dqk]``, vals ``[Hkv, B, NB, KEY_BLOCK, Dv + 1]`` (zero past kv_len;
-    last column all ones). Returns ``[Hkv, B, R, Dv]``.
+    q_rows ``[Hkv, B, R, Dqk]`` fp32 (R >= MIN_ROWS), keys ``[Hkv, B, NB, KEY_BLOCK, Dqk]``,
+    vals ``[Hkv, B, NB, KEY_BLOCK, Dv + 1]`` (zero past kv_len; last column all ones), masks from
+    ``tile``. Returns ``[Hkv, B, tile.real, Dv]``: the leading ``tile.real`` rows. The GEMMs always
+    run on all R rows (that fixes the kernel); the row-local ops in between only on the real rows,
+    and P @ V gets zero rows as padding (rows never interact in a GEMM, only the shape counts).
     """
-    n_blocks = keys.shape[2]
+    n_blocks, rows, real = keys.shape[2], q_rows.shape[2], tile.real
     # one GEMM per (head, sequence, block), each R x KEY_BLOCK with reduction Dqk
-    scores = torch.matmul(q_rows[:, :, None], keys.transpose(-1, -2)) * scale  # [Hkv, B, NB, R, KB]
-    key_pos = torch.arange(n_blocks * KEY_BLOCK, device=q_rows.device).view(n_blocks, KEY_BLOCK)
-    allowed = key_pos[None, :, None, :] <= q_pos[:, None, :, None]  # [B, NB, R, KB]
-    scores = torch.where(allowed, scores, _NEG_INF)
-    block_max = scores.amax(-1)  # [Hkv, B, NB, R]; -inf for a block entirely after the query
-    active = key_pos[:, 0][None, :, None] <= q_pos[:, None, :]  # [B, NB, R]
+    scores = torch.matmul(q_rows[:, :, None], keys.transpose(-1, -2))  # [Hkv, B, NB, R, KB]
+    scores = scores[..., :real, :] * scale
+    scores = scores.masked_fill_(tile.blocked, _NEG_INF)
+    block_max = scores.amax(-1)  # [Hkv, B, NB, real]; -inf for a block entirely after the query
     # skipped blocks: shift by 0 instead of -inf so exp gives exact zeros, never -inf - -inf = nan
-    probs = torch.exp(scores - torch.where(active, block_max, 0.0)[..., None])
+    probs = torch.exp(scores - torch.where(tile.active, block_max, 0.0)[..., None])
+    if real < rows:
+        shape = (*probs.shape[:-2], rows, KEY_BLOCK)
+        padded = _scratch("padded_probs", shape, probs.dtype, probs.device, reuse)
+        padded[..., real:, :].zero_()
+        padded[..., :real, :] = probs
+        probs = padded
     # [Hkv, B, NB, R, Dv + 1], reduction length KEY_BLOCK; the last column is the block's sum of probs
-    block_acc = torch.matmul(probs, vals)
+    block_acc = torch.matmul(probs, vals)[..., :real, :]
     row_max = block_max.amax(2, keepdim=True)  # exact: max does not round
-    block_acc = block_acc * torch.where(active, torch.exp(block_max - row_max), 0.0)[..., None]
+    block_acc = block_acc * torch.where(tile.active, torch.exp(block_max - row_max), 0.0)[..., None]
     # ascending block order; skipped blocks add exact zeros, so the tile's block count changes nothing
     acc = block_acc[:, :, 0]
     for b in range(1, n_blocks):
