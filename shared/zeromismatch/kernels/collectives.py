@@ -81,6 +81,8 @@ def all_gather_stacked(local: torch.Tensor, group) -> torch.Tensor:
 
 def gather_partials(local_partials: Sequence[torch.Tensor], group) -> list[torch.Tensor]:
     """All V partials in global piece order (rank-major, then local piece order)."""
+    if group is None:  # TP 1: the local pieces are all pieces; skip the stack/unbind copies
+        return list(local_partials)
     stacked = all_gather_stacked(torch.stack(list(local_partials)), group)  # [d, V/d, M, N]
     return list(stacked.reshape(-1, *stacked.shape[2:]).unbind(0))
 
