@@ -8,7 +8,10 @@ stack and once on the default (fast, unaligned) kernels on both sides.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from zeromismatch.expt import Arm, Experiment, FullScale
+from zeromismatch.expt.spec import add_to_summary
 from zeromismatch.rl import RLConfig
 
 
@@ -31,10 +34,36 @@ def smoke() -> list[Arm]:
     return [Arm(a.name, a.config.replace(steps=2, sft_steps=1, eval_size=2), a.note) for a in mini()]
 
 
+# S1's three invariances, each an engine-vs-trainer parity run that isolates one change:
+# batch = many sequences sharing steps (whole prompts); phase = one sequence at a time through
+# chunked prefill and decode; layout = trainer at TP 2 against the engine at TP 1.
+INVARIANCE_RUNS = {
+    "batch_invariance_diff_max": dict(max_num_seqs=8, prefill_chunk=None, max_num_batched_tokens=256),
+    "phase_invariance_diff_max": dict(max_num_seqs=1, prefill_chunk=4),
+    "layout_invariance_diff_max": dict(max_num_seqs=1, prefill_chunk=None, trainer_tp=2),
+}
+
+
+def invariances(scale_dir: Path) -> None:
+    """Add the three invariance measurements (max |rollout − trainer| logprob) to each arm."""
+    from zeromismatch.commands.parity import run_parity
+
+    for arm in ("aligned", "default"):
+        if not (scale_dir / arm / "summary.json").exists():
+            continue
+        values = {
+            key: run_parity("tiny-deepseek-v3", kernels=arm, seed=0, num_prompts=6, max_tokens=8,
+                            temperature=1.0, **options)["diff_max"]
+            for key, options in INVARIANCE_RUNS.items()
+        }  # fmt: skip
+        add_to_summary(scale_dir / arm, values)
+
+
 EXPERIMENT = Experiment(
     name="deepseek_v4_flash_100steps",
     claim="aligned kernels keep the rollout-trainer logprob diff exactly zero for >100 RL steps",
     arms={"smoke": smoke, "mini": mini},
+    postprocess=invariances,
     full=FullScale(
         model="DeepSeek-V4-Flash-Base", rollout_engine="vllm", trainer="megatron", gpus=None, nodes=4,
         updates=101, env="math reasoning RL (dataset not named in the source)", precision="fp8",

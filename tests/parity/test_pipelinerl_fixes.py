@@ -31,14 +31,15 @@ def _prefix_cache_after_update(versioned: bool):
     rollout(llm, seed=9, num_prompts=6)  # caches the shared prefix under version 0
     llm.update_weights(new_weights(m), mode="wait")
     outputs = rollout(llm, seed=9, num_prompts=6)
-    return trainer_diff(m, outputs), sum(o.num_cached_tokens for o in outputs)
+    return trainer_diff(m, outputs), sum(o.num_cached_tokens for o in outputs), llm.block_manager.stale_hits
 
 
 def test_fix2_prefix_cache_keyed_by_weight_version():
-    (equal, diff), cached = _prefix_cache_after_update(versioned=True)
-    assert equal and diff == 0.0 and cached == 0
-    (equal, diff), cached = _prefix_cache_after_update(versioned=False)
+    (equal, diff), cached, stale = _prefix_cache_after_update(versioned=True)
+    assert equal and diff == 0.0 and cached == 0 and stale == 0
+    (equal, diff), cached, stale = _prefix_cache_after_update(versioned=False)
     assert cached > 0 and not equal and diff > 0  # stale version-0 K/V served after the update
+    assert stale > 0  # and the engine's own counter says so
 
 
 def test_fix3_in_flight_update_mode():

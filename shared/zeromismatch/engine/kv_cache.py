@@ -46,6 +46,10 @@ class BlockManager:
         self.hash_of_block: dict[int, bytes] = {}
         self.block_of_hash: dict[bytes, int] = {}
         self.hits = 0  # prefix-cache blocks served (for tests and stats)
+        # blocks served whose K/V was computed under another weight version: always 0 with a
+        # versioned cache; counts the S2 stale-prefix bug when versioning is off
+        self.stale_hits = 0
+        self.version_of_block: dict[int, int] = {}
 
     # ---- bookkeeping -------------------------------------------------------
     @property
@@ -82,6 +86,7 @@ class BlockManager:
         request.block_hashes = []
 
     def _forget_hash(self, block: int) -> None:
+        self.version_of_block.pop(block, None)
         digest = self.hash_of_block.pop(block, None)
         if digest is not None and self.block_of_hash.get(digest) == block:
             del self.block_of_hash[digest]
@@ -90,6 +95,7 @@ class BlockManager:
         """Drop every registered hash (blocks in use stay allocated)."""
         self.hash_of_block.clear()
         self.block_of_hash.clear()
+        self.version_of_block.clear()
 
     # ---- prefix cache ------------------------------------------------------
     def _tag(self, version: int) -> str:
@@ -120,6 +126,8 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 del self.free_blocks[block]
             self.ref_counts[block] += 1
+            if self.version_of_block.get(block, version) != version:
+                self.stale_hits += 1
         self.hits += len(blocks)
         request.block_ids = blocks
         request.block_hashes = hashes
@@ -142,5 +150,6 @@ class BlockManager:
             if digest not in self.block_of_hash and block not in self.hash_of_block:
                 self.block_of_hash[digest] = block
                 self.hash_of_block[block] = digest
+                self.version_of_block[block] = request.kv_version
             request.block_hashes.append(digest)
             request.num_hashed_blocks += 1

@@ -262,6 +262,8 @@ class Run:
                 self._save(step + 1, learner, history, {**extra, "next_step": step + 1})
 
         summary = self._summary(learner, extra)
+        summary["prefix_cache_hits"] = worker.engine.block_manager.hits
+        summary["stale_prefix_hits"] = worker.engine.block_manager.stale_hits
         atomic_write_json(self.out / "summary.json", summary)
         if wandb_run is not None:
             wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
