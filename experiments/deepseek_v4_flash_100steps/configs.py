@@ -18,7 +18,7 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="arithmetic", model="tiny-deepseek-v3", algo="reinforce_zero", steps=101,
-        prompts_per_step=4, group_size=4, max_new_tokens=4, sft_steps=150, eval_size=32, seed=0,
+        prompts_per_step=4, group_size=4, max_new_tokens=4, sft_steps=800, lr=3e-4, eval_size=32, seed=0,
         env_options={"max_digits": 1},
     ).replace(**changes)  # fmt: skip
 

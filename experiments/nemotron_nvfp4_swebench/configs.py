@@ -15,7 +15,8 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="code_repair", model="tiny-nemotron-h", algo="reinforce_zero", steps=20,
-        prompts_per_step=4, group_size=2, max_new_tokens=20, sft_steps=20, sft_batch=8, eval_size=8, seed=0,
+        prompts_per_step=4, group_size=2, max_new_tokens=20, sft_steps=50, sft_batch=8, lr=3e-4,
+        eval_size=8, seed=0,
     ).replace(**changes)  # fmt: skip
 
 

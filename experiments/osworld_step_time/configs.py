@@ -15,7 +15,7 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="desktop", model="tiny-qwen3", steps=12, prompts_per_step=4, group_size=2,
-        max_new_tokens=16, sft_steps=60, eval_size=8, seed=0, step_latency_s=0.005,
+        max_new_tokens=16, sft_steps=200, lr=3e-4, eval_size=8, seed=0, step_latency_s=0.005,
     ).replace(**changes)  # fmt: skip
 
 

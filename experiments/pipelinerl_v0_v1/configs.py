@@ -24,7 +24,7 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="arithmetic", model="tiny-qwen3", algo="gspo", steps=40, prompts_per_step=4, group_size=4,
-        max_new_tokens=4, sft_steps=150, eval_size=32, seed=0, lag=1, temperature=0.8, top_p=0.9,
+        max_new_tokens=4, sft_steps=800, lr=3e-4, eval_size=32, seed=0, lag=1, temperature=0.8, top_p=0.9,
         env_options={"max_digits": 1},
     ).replace(**changes)  # fmt: skip
 

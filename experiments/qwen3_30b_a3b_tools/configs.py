@@ -14,7 +14,7 @@ from zeromismatch.rl import RLConfig
 def mini() -> list[Arm]:
     config = RLConfig(
         env="tools", model="tiny-qwen3-moe", algo="reinforce_zero", steps=40, prompts_per_step=4,
-        group_size=4, max_new_tokens=24, sft_steps=80, eval_size=32, seed=0, lag=2,
+        group_size=4, max_new_tokens=24, sft_steps=300, lr=3e-4, eval_size=32, seed=0, lag=2,
     )  # fmt: skip
     return [Arm("aligned", config, "aligned kernels, async lag 2")]
 

@@ -17,7 +17,7 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="arithmetic", model="tiny-qwen3", algo="reinforce_zero", steps=100, prompts_per_step=4,
-        group_size=4, max_new_tokens=4, sft_steps=150, eval_size=32, seed=0,
+        group_size=4, max_new_tokens=4, sft_steps=800, lr=3e-4, eval_size=32, seed=0,
         env_options={"max_digits": 1},
     ).replace(**changes)  # fmt: skip
 
@@ -32,7 +32,7 @@ def mini() -> list[Arm]:
         Arm(
             "tools_aligned",
             _base(
-                env="tools", kernels="aligned", lag=64, steps=80, max_new_tokens=24, sft_steps=80,
+                env="tools", kernels="aligned", lag=64, steps=80, max_new_tokens=24, sft_steps=300,
                 env_options={},
             ),
             "multi-turn calculator tool use at lag 64, aligned (the Qwen3-4B + Python tools stand-in)",
