@@ -1,0 +1,1 @@
+"""zeromismatch.integrations."""
