@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256
 
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade "pip==26.0.1" || $(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "pip==26.0.1"
 	$(PIP) install --quiet -c constraints.txt -e ".[dev,figures,cluster,track]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
