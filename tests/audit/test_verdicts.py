@@ -221,8 +221,18 @@ def test_summary_operands_per_arm(results):
     v = _verdicts(results, "reinforce_zero_lag64")
     aime = v["S3-default-aime24-34.27-to-13.96"]
     assert aime.verdict == REPRODUCED_DIRECTION
-    assert [m.value for m in aime.measured if m.passed] == [0.2, 0.4]
+    # default falls (0.4 -> 0.2) while aligned holds (0.4 -> 0.45)
+    assert [m.value for m in aime.measured if m.passed] == [0.2, 0.4, 0.45, 0.4]
     assert v["S3-grad-norm-38.27-vs-0.0555"].verdict == NOT_RUN  # no metrics.jsonl in these runs
+
+
+def test_baseline_fall_is_not_reproduced_when_aligned_falls_too(results):
+    after = {"aligned": 0.1, "default": 0.2}
+    for arm in ("aligned", "default"):
+        summary = {"eval_pass_at_1_before": 0.4, "eval_pass_at_1_after": after[arm]}
+        write_run(results, "reinforce_zero_lag64", "mini", arm, summary=summary)
+    v = _verdicts(results, "reinforce_zero_lag64")
+    assert v["S3-default-aime24-34.27-to-13.96"].verdict == NOT_REPRODUCED
 
 
 def test_malformed_summary_is_one_error_naming_the_file(results):
