@@ -108,9 +108,12 @@ class RayRun(Run):
             episodes, rollout_time = ray.get(ref)
             waited = time.perf_counter() - t_wait
             snapshot = versions[version] if version != learner_version else None
-            stats, weights, learner_time = ray.get(learner.step.remote(episodes, snapshot))
+            # the new weights stay in the object store: the driver passes the reference on to the
+            # rollout actor instead of downloading and re-uploading them every step
+            stats_ref, weights_ref, time_ref = learner.step.options(num_returns=3).remote(episodes, snapshot)
+            stats, learner_time = ray.get([stats_ref, time_ref])
             learner_version += 1
-            versions[learner_version] = ray.put(weights)
+            versions[learner_version] = weights_ref
             oldest = c.weight_version_for_batch(step + 1)
             for v in [v for v in versions if v < oldest]:
                 del versions[v]
