@@ -13,17 +13,15 @@ it joins a Slurm-started cluster when ``$ZM_RAY_ADDRESS`` is set).
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
 
 from .. import _provenance
 from ..io import atomic_write_json
-from ..metrics import mismatch
 from .config import RLConfig
 from .learner import Learner, state_snapshot, weights_hash
-from .loop import RolloutWorker, Run, evaluate, run_sft
+from .loop import RolloutWorker, Run, evaluate, run_sft, step_record, summarize
 
 
 class _RolloutActor:
@@ -117,26 +115,18 @@ class RayRun(Run):
             oldest = c.weight_version_for_batch(step + 1)
             for v in [v for v in versions if v < oldest]:
                 del versions[v]
-            record = {"step": step, "weight_version": version, "policy_lag": learner_version - 1 - version}
-            record.update(stats)
-            record.update(mismatch.reward_stats(torch.tensor([ep.reward for ep in episodes])))
-            record.update({"time_rollout_s": rollout_time, "time_learner_s": learner_time,
-                           "time_wait_rollout_s": waited})  # fmt: skip
+            timings = {"time_rollout_s": rollout_time, "time_learner_s": learner_time,
+                       "time_wait_rollout_s": waited}  # fmt: skip
+            record = step_record(step, version, learner_version, stats, episodes, timings)
             self._log(record)
             bar.set_postfix(reward=f"{record.get('reward_mean', 0):.2f}")
         wall = time.perf_counter() - wall_start
         digest, eval_after = ray.get(learner.finish.remote())
-        records = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
-        summary = {
-            "steps": len(records),
-            "weights_sha256": digest,
-            "eval_pass_at_1_before": eval_before["eval_pass_at_1"],
-            "eval_pass_at_1_after": eval_after["eval_pass_at_1"],
-            "sft_final_loss": sft_losses[-1] if sft_losses else None,
-            "executor": "ray",
-            "time_wall_s": wall,
-            "learner_steps_per_s": len(records) / wall if wall > 0 else None,
-        }
+        records = self._records()
+        summary = summarize(records, digest, eval_before, eval_after, sft_losses)
+        summary.update(
+            executor="ray", time_wall_s=wall, learner_steps_per_s=len(records) / wall if wall > 0 else None
+        )
         atomic_write_json(self.out / "summary.json", summary)
         for actor in (rollout, learner):
             ray.kill(actor)

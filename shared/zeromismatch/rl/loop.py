@@ -245,11 +245,8 @@ class Run:
             t2 = time.perf_counter()
             history.put(learner.version, state_snapshot(learner.model))
             history.prune(c.weight_version_for_batch(step + 1))
-            rewards = torch.tensor([ep.reward for ep in episodes])
-            record = {"step": step, "weight_version": version, "policy_lag": learner.version - 1 - version}
-            record.update(stats)
-            record.update(mismatch.reward_stats(rewards))
-            record.update({"time_rollout_s": t1 - t0, "time_learner_s": t2 - t1})
+            record = step_record(step, version, learner.version, stats, episodes,
+                                 {"time_rollout_s": t1 - t0, "time_learner_s": t2 - t1})  # fmt: skip
             if c.eval_every and (step + 1) % c.eval_every == 0 and step + 1 < c.steps:
                 record.update(evaluate(c, learner))
             self._log(record)
@@ -261,7 +258,10 @@ class Run:
             if c.checkpoint_every and (step + 1) % c.checkpoint_every == 0:
                 self._save(step + 1, learner, history, {**extra, "next_step": step + 1})
 
-        summary = self._summary(learner, extra)
+        summary = summarize(
+            self._records(), weights_hash(learner.model), extra["eval_before"], evaluate(c, learner),
+            extra.get("sft_losses"),
+        )  # fmt: skip
         summary["prefix_cache_hits"] = worker.engine.block_manager.hits
         summary["stale_prefix_hits"] = worker.engine.block_manager.stale_hits
         atomic_write_json(self.out / "summary.json", summary)
@@ -270,30 +270,45 @@ class Run:
             wandb_run.finish()
         return summary
 
-    def _summary(self, learner: Learner, extra: dict) -> dict:
-        records = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
-        after = evaluate(self.config, learner)
-        keys = ("diff_max", "diff_mean", "diff_std", "k3_kl")
-        summary = {
-            "steps": len(records),
-            "weights_sha256": weights_hash(learner.model),
-            "eval_pass_at_1_before": extra["eval_before"]["eval_pass_at_1"],
-            "eval_pass_at_1_after": after["eval_pass_at_1"],
-            "sft_final_loss": extra["sft_losses"][-1] if extra.get("sft_losses") else None,
-        }
-        for key in keys:
-            values = [r[key] for r in records]
-            summary[f"{key}_max_over_steps"] = max(values) if values else None
-        summary["steps_with_zero_mismatch"] = sum(all(r[k] == 0.0 for k in keys) for r in records)
-        summary["is_peak_over_median_max"] = max((r["peak_over_median"] for r in records), default=None)
-        summary["grad_norm_preclip_max"] = max((r["grad_norm_preclip"] for r in records), default=None)
-        rewards = [r["reward_mean"] for r in records]
-        head = rewards[: max(1, len(rewards) // 5)]
-        tail = rewards[-max(1, len(rewards) // 5):]
-        summary["reward_mean_first_fifth"] = sum(head) / len(head) if head else None
-        summary["reward_mean_last_fifth"] = sum(tail) / len(tail) if tail else None
-        summary["time_total_s"] = sum(r["time_rollout_s"] + r["time_learner_s"] for r in records)
-        return summary
+    def _records(self) -> list[dict]:
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+
+def step_record(step: int, version: int, learner_version: int, stats: dict, episodes, timings: dict) -> dict:
+    """One metrics.jsonl line; both executors write exactly this shape (``learner_version`` is
+    the learner's version after the update)."""
+    record = {"step": step, "weight_version": version, "policy_lag": learner_version - 1 - version}
+    record.update(stats)
+    record.update(mismatch.reward_stats(torch.tensor([ep.reward for ep in episodes])))
+    record.update(timings)
+    return record
+
+
+def summarize(
+    records: list[dict], weights_sha256: str, eval_before: dict, eval_after: dict, sft_losses
+) -> dict:
+    """summary.json of a finished run, from its per-step records (shared by both executors)."""
+    keys = ("diff_max", "diff_mean", "diff_std", "k3_kl")
+    summary = {
+        "steps": len(records),
+        "weights_sha256": weights_sha256,
+        "eval_pass_at_1_before": eval_before["eval_pass_at_1"],
+        "eval_pass_at_1_after": eval_after["eval_pass_at_1"],
+        "sft_final_loss": sft_losses[-1] if sft_losses else None,
+    }
+    for key in keys:
+        values = [r[key] for r in records]
+        summary[f"{key}_max_over_steps"] = max(values) if values else None
+    summary["steps_with_zero_mismatch"] = sum(all(r[k] == 0.0 for k in keys) for r in records)
+    summary["is_peak_over_median_max"] = max((r["peak_over_median"] for r in records), default=None)
+    summary["grad_norm_preclip_max"] = max((r["grad_norm_preclip"] for r in records), default=None)
+    rewards = [r["reward_mean"] for r in records]
+    head = rewards[: max(1, len(rewards) // 5)]
+    tail = rewards[-max(1, len(rewards) // 5) :]
+    summary["reward_mean_first_fifth"] = sum(head) / len(head) if head else None
+    summary["reward_mean_last_fifth"] = sum(tail) / len(tail) if tail else None
+    summary["time_total_s"] = sum(r["time_rollout_s"] + r["time_learner_s"] for r in records)
+    return summary
 
 
 def _maybe_wandb(config: RLConfig, out: Path):
