@@ -221,3 +221,13 @@ def test_number_as_written_must_agree(results):
     _rewrite(results, "reinforce_zero_lag64", corrupt)
     with pytest.raises(AuditInputError, match="number_as_written"):
         load_registry(results)
+
+
+def test_factor_needs_an_operand_rhs(results):
+    def misuse(doc):
+        check = doc["claims"][0]["test"]["checks"][0]
+        check["rhs"], check["factor"] = 1.0, 2
+
+    _rewrite(results, "osworld_step_time", misuse)
+    with pytest.raises(AuditInputError, match="has a factor but its rhs is a number"):
+        load_registry(results)

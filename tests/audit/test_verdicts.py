@@ -298,3 +298,19 @@ def test_cli_json_contract_and_errors(results, capsys):
     (results / "published" / "osworld_step_time.json").write_text("[]")
     assert main(["audit", "--results", str(results)]) == 2
     assert "osworld_step_time.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("default_peak", "expected"), [(18.0, NOT_REPRODUCED), (31.0, REPRODUCED_DIRECTION)])
+def test_effect_size_factor_needs_a_clear_effect_not_a_bare_inequality(results, default_peak, expected):
+    """IS peak/median carries factor 2: default 18 vs aligned 15 is larger but not twice as large."""
+    peaks = {"aligned": 15.0, "default": default_peak}
+    for arm, peak in peaks.items():
+        write_run(
+            results, "reinforce_zero_lag64", "mini", arm, records=[{"step": 0, "peak_over_median": peak}]
+        )
+    verdict = _verdicts(results, "reinforce_zero_lag64")["S3-is-peak-over-median-1.50-vs-442.54"]
+    assert verdict.verdict == expected, verdict.reason
+    if expected == NOT_REPRODUCED:
+        assert "2 x aligned, largest peak/median = 30" in verdict.reason
+    # the measured values are the files' values, never the scaled threshold
+    assert [m.value for m in verdict.measured if m.passed is not None] == [default_peak, 15.0]

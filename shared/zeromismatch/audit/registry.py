@@ -183,6 +183,12 @@ def _check_claim(path: Path, experiment: str, claim: dict, publications: dict[st
     test = claim.get("test")
     if test is None:
         return
+    for check in test.get("checks", []):
+        if "factor" in check and not isinstance(check["rhs"], dict):
+            raise AuditInputError(
+                f"malformed claims file {path}: claim {cid}: check {check['label']!r} has a factor but "
+                f"its rhs is a number; write the scaled number instead"
+            )
     for place, operand in iter_operands(test):
         if "benchmark_key" in operand and test["data"] != "benchmark":
             raise AuditInputError(

@@ -7,7 +7,8 @@ would produce it. With data:
 
 - every ``exact_zero`` operand must be exactly 0 (for ``agg: all``: at every step, and on at least
   ``min_steps`` steps) -- compared with ``== 0``, never a tolerance;
-- every ``check`` (lhs op rhs) must hold; NaN never satisfies a comparison.
+- every ``check`` (lhs op rhs, or lhs op factor x rhs where the claim states an effect size) must
+  hold; NaN never satisfies a comparison.
 
 All hold -> ``reproduced-exact`` (rule ``exact``) or ``reproduced-direction`` (rule ``direction``);
 anything fails -> ``not-reproduced``, with the failing parts and their measured values. No value is
@@ -125,13 +126,18 @@ def _judge(claim: dict, resolve) -> tuple[bool, list[Measured], list[str], int |
             failures.append(f"zero on {steps or 0} recorded steps; the claim needs at least {min_steps}")
     for check in test.get("checks", []):
         lhs: Resolved = resolve(check["lhs"])
+        factor = check.get("factor")
         if isinstance(check["rhs"], dict):
             rhs: Resolved = resolve(check["rhs"])
             rhs_value, rhs_label = rhs.value, rhs.label
+            if factor is not None:
+                # an effect size: "clearly larger", not merely larger (noise can win a bare >)
+                rhs_value = None if rhs_value is None else factor * rhs_value
+                rhs_label = f"{_fmt(factor)} x {rhs.label}"
         else:
             rhs = None
             rhs_value, rhs_label = float(check["rhs"]), _fmt(float(check["rhs"]))
-        ok = bool(_OPS[check["op"]](lhs.value, rhs_value))
+        ok = lhs.value is not None and rhs_value is not None and bool(_OPS[check["op"]](lhs.value, rhs_value))
         if not ok:
             failures.append(
                 f"{check['label']}: {lhs.label} = {_fmt(lhs.value)} is not {check['op']} "

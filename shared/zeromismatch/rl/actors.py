@@ -14,6 +14,7 @@ it joins a Slurm-started cluster when ``$ZM_RAY_ADDRESS`` is set).
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 
@@ -42,15 +43,23 @@ class _LearnerActor:
         self.config = RLConfig.from_dict(config_dict)
         torch.manual_seed(self.config.seed)
         self.learner = Learner(self.config)
+        self.last_step_end: float | None = None
 
     def warm_start(self):
         losses = run_sft(self.config, self.learner)
         return losses, evaluate(self.config, self.learner), state_snapshot(self.learner.model)
 
-    def step(self, episodes, snapshot):
+    def step(self, rollout_output, snapshot):
+        # Ray resolves ``rollout_output`` before this call starts, so the gap since the previous
+        # step ended is exactly the time this learner sat idle waiting for its batch
         t0 = time.perf_counter()
+        idle = 0.0 if self.last_step_end is None else t0 - self.last_step_end
+        episodes, rollout_time = rollout_output
         stats = self.learner.rl_step(episodes, snapshot)
-        return stats, state_snapshot(self.learner.model), time.perf_counter() - t0
+        self.last_step_end = time.perf_counter()
+        timings = {"time_rollout_s": rollout_time, "time_learner_s": self.last_step_end - t0,
+                   "time_wait_rollout_s": idle}  # fmt: skip
+        return (stats, timings), state_snapshot(self.learner.model)
 
     def finish(self):
         return weights_hash(self.learner.model), evaluate(self.config, self.learner)
@@ -89,37 +98,39 @@ class RayRun(Run):
         rollout = ray.remote(num_cpus=1)(_RolloutActor).remote(c.to_dict(), threads_per_actor)
         learner = ray.remote(num_cpus=1)(_LearnerActor).remote(c.to_dict(), threads_per_actor)
         sft_losses, eval_before, weights0 = ray.get(learner.warm_start.remote())
-        versions = {0: ray.put(weights0)}
-        learner_version = 0
-        pending = {}
-        next_batch = 0
-        wall_start = time.perf_counter()
-        bar = tqdm(range(c.steps), disable=self.quiet, desc=f"ray {c.env}/{c.algo}/lag{c.lag}")
-        for step in bar:
-            # request every batch whose weights already exist, keeping at most lag+1 in flight
-            while next_batch < c.steps and c.weight_version_for_batch(next_batch) <= learner_version:
-                v = c.weight_version_for_batch(next_batch)
-                pending[next_batch] = (v, rollout.generate.remote(next_batch, v, versions[v]))
-                next_batch += 1
-            version, ref = pending.pop(step)
-            t_wait = time.perf_counter()
-            episodes, rollout_time = ray.get(ref)
-            waited = time.perf_counter() - t_wait
-            snapshot = versions[version] if version != learner_version else None
-            # the new weights stay in the object store: the driver passes the reference on to the
-            # rollout actor instead of downloading and re-uploading them every step
-            stats_ref, weights_ref, time_ref = learner.step.options(num_returns=3).remote(episodes, snapshot)
-            stats, learner_time = ray.get([stats_ref, time_ref])
-            learner_version += 1
-            versions[learner_version] = weights_ref
-            oldest = c.weight_version_for_batch(step + 1)
-            for v in [v for v in versions if v < oldest]:
-                del versions[v]
-            timings = {"time_rollout_s": rollout_time, "time_learner_s": learner_time,
-                       "time_wait_rollout_s": waited}  # fmt: skip
-            record = step_record(step, version, learner_version, stats, episodes, timings)
+        # The whole step graph is submitted as object references, so neither actor ever waits
+        # on the driver: rollout b depends on the weights output of learner step v(b) − 1,
+        # learner step s on rollout s, and Ray runs each actor's calls in submission order.
+        # With lag k >= 1 the rollout actor therefore runs up to k batches ahead while the
+        # learner trains. The driver only keeps a window of k + 2 steps in flight and
+        # collects each step's record when it falls out of the window.
+        weights = {0: ray.put(weights0)}
+        in_flight: deque = deque()
+        bar = tqdm(total=c.steps, disable=self.quiet, desc=f"ray {c.env}/{c.algo}/lag{c.lag}")
+
+        def collect() -> None:
+            step, version, rollout_ref, record_ref = in_flight.popleft()
+            (stats, timings), (episodes, _) = ray.get([record_ref, rollout_ref])
+            record = step_record(step, version, step + 1, stats, episodes, timings)
             self._log(record)
+            bar.update(1)
             bar.set_postfix(reward=f"{record.get('reward_mean', 0):.2f}")
+
+        wall_start = time.perf_counter()
+        for step in range(c.steps):
+            version = c.weight_version_for_batch(step)
+            rollout_ref = rollout.generate.remote(step, version, weights[version])
+            snapshot = weights[version] if version != step else None
+            record_ref, weights[step + 1] = learner.step.options(num_returns=2).remote(rollout_ref, snapshot)
+            in_flight.append((step, version, rollout_ref, record_ref))
+            oldest_needed = c.weight_version_for_batch(step + 1)
+            for v in [v for v in weights if v < oldest_needed]:
+                del weights[v]  # pending tasks that read it keep the object alive
+            while len(in_flight) > c.lag + 2:
+                collect()
+        while in_flight:
+            collect()
+        bar.close()
         wall = time.perf_counter() - wall_start
         digest, eval_after = ray.get(learner.finish.remote())
         records = self._records()
