@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
+from .benchmarks import lines_to_html
 from .registry import Registry
 from .report import VERDICT_MEANING, _provenance_line
 from .text import (
@@ -58,7 +59,9 @@ def _link(path: str | None, text: str | None = None) -> str:
     return f'<a href="{escape(path, quote=True)}">{escape(text or path)}</a>'
 
 
-def render_html(registry: Registry, verdicts: list[Verdict], figures: dict) -> str:
+def render_html(
+    registry: Registry, verdicts: list[Verdict], figures: dict, benchmarks: list[str] | None = None
+) -> str:
     by_id = {v.claim_id: v for v in verdicts}
     counts = Counter(v.verdict for v in verdicts)
     out = [
@@ -110,6 +113,8 @@ def render_html(registry: Registry, verdicts: list[Verdict], figures: dict) -> s
             f'<img src="{escape(figures["throughput"], quote=True)}" '
             'alt="throughput ratios: published vs reproduced">',
         ]
+    if benchmarks:
+        out.append(lines_to_html(benchmarks))
     for experiment, header in registry.experiments.items():
         claims = [c for c in registry.for_experiment(experiment) if c["id"] in by_id]
         if not claims:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..io import atomic_write_json, atomic_write_text
+from .benchmarks import benchmark_lines
 from .registry import Registry, load_registry
 from .text import (
     TABLE_COLUMNS,
@@ -62,7 +63,9 @@ def _provenance_line(verdict: Verdict) -> str:
     return "provenance: " + ", ".join(parts)
 
 
-def render_markdown(registry: Registry, verdicts: list[Verdict], figures: dict) -> str:
+def render_markdown(
+    registry: Registry, verdicts: list[Verdict], figures: dict, benchmarks: list[str] | None = None
+) -> str:
     by_id = {v.claim_id: v for v in verdicts}
     counts = Counter(v.verdict for v in verdicts)
     lines = [
@@ -107,6 +110,7 @@ def render_markdown(registry: Registry, verdicts: list[Verdict], figures: dict) 
         )
     if figures.get("throughput"):
         lines += ["", "## Throughput ratios", "", f"![throughput ratios]({figures['throughput']})"]
+    lines += benchmarks or []
     for experiment, header in registry.experiments.items():
         claims = [c for c in registry.for_experiment(experiment) if c["id"] in by_id]
         if not claims:
@@ -197,8 +201,9 @@ def build_all(results_root: str | Path | None = None, *, quiet: bool = False) ->
     figures = make_figures(registry, verdicts, root)
     _remove_stale_figures(root, figures)
     written = [root / REPORT_MD, root / REPORT_HTML, root / VERDICTS_JSON]
-    atomic_write_text(written[0], render_markdown(registry, verdicts, figures))
-    atomic_write_text(written[1], render_html(registry, verdicts, figures))
+    benchmarks = benchmark_lines(root)
+    atomic_write_text(written[0], render_markdown(registry, verdicts, figures, benchmarks))
+    atomic_write_text(written[1], render_html(registry, verdicts, figures, benchmarks))
     atomic_write_json(written[2], verdicts_document(verdicts))
     if not quiet:
         counts = Counter(v.verdict for v in verdicts)

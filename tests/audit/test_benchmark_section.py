@@ -1,0 +1,79 @@
+"""The report's benchmark section renders exactly what the benchmark files hold."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from audit_helpers import write_benchmark
+
+from zeromismatch.audit.benchmarks import benchmark_lines, lines_to_html
+
+
+def test_no_benchmark_files_no_section(tmp_path):
+    assert benchmark_lines(tmp_path) == []
+
+
+def test_ops_geomean_and_worst_come_from_the_cases(tmp_path):
+    cases = [
+        {"op": "linear", "shape": "M=1", "throughput_ratio": 0.5},
+        {"op": "linear", "shape": "M=16", "throughput_ratio": 2.0},
+        {"op": "silu_mul", "shape": "M=4", "throughput_ratio": 0.8},
+    ]
+    write_benchmark(tmp_path, "ops", {"cases": cases, "threads": 1})
+    text = "\n".join(benchmark_lines(tmp_path))
+    assert f"| linear | 2 | {math.sqrt(0.5 * 2.0):.2f} | 0.50 | M=1 | yes |" in text
+    assert "| silu_mul | 1 | 0.80 | 0.80 | M=4 | no |" in text
+
+
+def test_rollout_async_and_vllm_peer_tables(tmp_path):
+    write_benchmark(
+        tmp_path,
+        "rollout",
+        {
+            "median_tokens_per_s": {"engine-aligned": 900.0, "engine-default": 1000.0, "hf-generate": 300.0},
+            "ratio_aligned_over_default": 0.9,
+            "ratio_engine_aligned_over_hf": 3.0,
+            "provenance": {"git_commit": "abcdef0123456789"},
+        },
+    )
+    write_benchmark(
+        tmp_path,
+        "async",
+        {"async_over_sync": 1.5, "lag": 4, "ideal_over_sync": 1.8,
+         "sync_step_median_s": {"rollout": 0.02, "learner": 0.025}},
+    )  # fmt: skip
+    stats = {"tokens": 10, "tokens_differing": 3, "diff_max": 1e-6, "diff_mean": 2e-7, "k3_kl": 4e-14}
+    write_benchmark(
+        tmp_path,
+        "vllm_peer",
+        {
+            "vllm_version": "0.32.0",
+            "median_tokens_per_s": {"vllm": 2000.0, "engine-aligned": 1000.0},
+            "ratio_engine_aligned_over_vllm": 0.5,
+            "mismatch": {
+                "vllm_vs_trainer_aligned": {**stats, "identical": False},
+                "engine_aligned_vs_trainer_aligned": {
+                    **stats, "tokens_differing": 0, "diff_max": 0.0, "diff_mean": 0.0, "k3_kl": 0.0,
+                    "identical": True,
+                },
+            },
+        },
+    )  # fmt: skip
+    lines = benchmark_lines(tmp_path)
+    text = "\n".join(lines)
+    assert "| engine aligned ÷ default | 0.90 | 0.95 |" in text and "git abcdef012345" in text
+    assert "| engine aligned ÷ HF `generate` | 3.00 | 3.0 |" in text
+    assert "Measured 1.50× at lag 4" in text and "20 ms rollout, 25 ms learner): 1.80×" in text
+    assert "| vllm vs trainer aligned | 10 | 3 | 1e-06 |" in text
+    assert "| engine aligned vs trainer aligned | 10 | 0 | 0 | 0 | 0 | True |" in text
+    html = lines_to_html(lines)
+    assert "<td>engine aligned ÷ HF <code>generate</code></td><td>3.00</td>" in html
+    assert "|" not in html
+
+
+def test_malformed_benchmark_file_is_one_error_naming_it(tmp_path):
+    path = write_benchmark(tmp_path, "rollout", {})
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="rollout.json is not valid JSON"):
+        benchmark_lines(tmp_path)
