@@ -9,9 +9,11 @@ aligned stacks run at 0.42x-0.913x). Cases from ``benchmarks/ops_sequence_cases.
 Case format and timing method: benchmarks/timing.py.
 
 Usage: ``python benchmarks/ops.py [--quiet] [--only linear,rms_norm] [--repeats 15]
-[--threads 2] [--out results/reproduced/benchmarks/ops.json]``. On an oversubscribed host,
-2-thread OpenMP timings collapse onto scheduler quanta (many rows read ~12 or ~16 ms on both
-sides); ``--threads 1`` is the steadier view there.
+[--threads 2] [--clock wall|cpu] [--out results/reproduced/benchmarks/ops.json]``. On an
+oversubscribed host, 2-thread OpenMP timings collapse onto scheduler quanta (many rows read
+~12 or ~16 ms on both sides); ``--threads 1`` is the steadier view there, and at one thread
+the clock defaults to this thread's CPU time (``--clock cpu``, see benchmarks/timing.py), so
+time spent descheduled by other jobs counts for neither side. More threads: wall time.
 """
 
 from __future__ import annotations
@@ -208,19 +210,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads (0 = default); 1 is steadier on a loaded host"
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default=None,
+        help="wall time or this thread's CPU time (default: cpu at --threads 1, else wall)",
+    )
     args = parser.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    clock = args.clock or ("cpu" if torch.get_num_threads() == 1 else "wall")
+    if clock == "cpu" and torch.get_num_threads() != 1:
+        parser.error("--clock cpu measures one thread; use it with --threads 1")
     cases = dense_cases() + sequence_cases()
     if args.only:
         wanted = set(args.only.split(","))
         cases = [c for c in cases if c.name in wanted]
         if not cases:
             parser.error(f"no cases match --only {args.only}")
-    timings = [measure(c, repeats=args.repeats) for c in tqdm(cases, disable=args.quiet, desc="ops")]
+    timings = [
+        measure(c, repeats=args.repeats, clock=clock) for c in tqdm(cases, disable=args.quiet, desc="ops")
+    ]
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-        f"medians of {args.repeats} interleaved samples"
+        f"medians of {args.repeats} interleaved samples, {clock} clock"
     )
     print(format_table(timings))
     print()
@@ -232,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out),
             {
                 "threads": torch.get_num_threads(),
+                "clock": clock,
                 "torch": torch.__version__,
                 "cases": [
                     {

@@ -16,6 +16,11 @@ under ``torch.inference_mode``, calls each runner ``warmup`` times, then alterna
 calls ``repeats`` times (each sample times ``inner`` back-to-back calls, so microsecond ops
 are not dominated by timer overhead), and reports medians. Interleaving means a noisy
 neighbour or frequency change hits both sides alike; the ratio is what we publish.
+``clock`` is wall time (``time.perf_counter``, the default) or, for single-threaded runs on a
+shared machine, this thread's CPU time (``time.thread_time``): time the process spends
+descheduled then counts for neither side (cache and memory-bandwidth contention still do).
+Thread CPU time is wrong for multi-threaded ops (the other threads' work is not counted),
+so callers use it only at one torch thread.
 ``time_ratio`` = aligned / default (lower is better); ``throughput_ratio`` = default / aligned
 (aligned throughput as a fraction of default; the published aligned stacks run at 0.42-0.913x).
 """
@@ -58,24 +63,30 @@ class Timing:
         return self.default_us / self.aligned_us
 
 
-def _sample(fn: Callable[[tuple], Any], inputs: tuple, inner: int) -> float:
-    start = time.perf_counter()
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def _sample(fn: Callable[[tuple], Any], inputs: tuple, inner: int, clock: Callable[[], float]) -> float:
+    start = clock()
     for _ in range(inner):
         fn(inputs)
-    return (time.perf_counter() - start) / inner
+    return (clock() - start) / inner
 
 
-def _choose_inner(fn: Callable[[tuple], Any], inputs: tuple, target_s: float) -> int:
-    one = _sample(fn, inputs, 1)
+def _choose_inner(fn: Callable[[tuple], Any], inputs: tuple, target_s: float, clock) -> int:
+    one = _sample(fn, inputs, 1, clock)
     return max(1, min(1000, int(target_s / max(one, 1e-7))))
 
 
 def measure(
-    case: OpCase, repeats: int = 15, warmup: int = 3, target_sample_s: float = 0.004
+    case: OpCase, repeats: int = 15, warmup: int = 3, target_sample_s: float = 0.004, clock: str = "wall"
 ) -> Timing:
     """Median time per call of each side, measured interleaved (aligned, default, aligned, ...)."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    tick = CLOCKS[clock]
     # inputs (weights) are built outside inference mode, as a model's loaded weights are
     inputs = case.make_inputs()
     with torch.inference_mode():
@@ -83,18 +94,18 @@ def measure(
             case.run_aligned(inputs)
             case.run_default(inputs)
         inner = max(
-            _choose_inner(case.run_aligned, inputs, target_sample_s),
-            _choose_inner(case.run_default, inputs, target_sample_s),
+            _choose_inner(case.run_aligned, inputs, target_sample_s, tick),
+            _choose_inner(case.run_default, inputs, target_sample_s, tick),
         )
         aligned, default = [], []
         for r in range(repeats):
             # alternate which side goes first so neither always runs on a warm cache
             if r % 2 == 0:
-                aligned.append(_sample(case.run_aligned, inputs, inner))
-                default.append(_sample(case.run_default, inputs, inner))
+                aligned.append(_sample(case.run_aligned, inputs, inner, tick))
+                default.append(_sample(case.run_default, inputs, inner, tick))
             else:
-                default.append(_sample(case.run_default, inputs, inner))
-                aligned.append(_sample(case.run_aligned, inputs, inner))
+                default.append(_sample(case.run_default, inputs, inner, tick))
+                aligned.append(_sample(case.run_aligned, inputs, inner, tick))
     aligned_us = statistics.median(aligned) * 1e6
     return Timing(case.name, case.shape_desc, aligned_us, statistics.median(default) * 1e6)
 

@@ -11,7 +11,8 @@ Algorithm (the same for the trainer's packed K/V and the engine's paged cache):
    repeated to fill them), a fixed reduction length (Dqk for scores, ``KEY_BLOCK`` for P@V)
    and a fixed column count (``KEY_BLOCK`` for scores, Dv + 1 for P@V). Measured on this CPU
    (torch 2.13 + MKL): batched fp32 matmul with >= 16 rows gives each row the same bits
-   whatever the row count, batch count or neighbours (see ``MIN_ROWS``);
+   whatever the row count, batch count, neighbours or the operands' row stride (each head's
+   keys and values are read as a strided slice of the token-major gather);
    tests/kernels/test_attention.py checks the consequence end to end.
 3. Per query at absolute position p and per block b <= p // KEY_BLOCK: scores (keys after p
    set to -inf), block max m_b, probs = exp(s - m_b) (exact zeros at masked keys), and
@@ -32,9 +33,11 @@ an element sits in a tensor (unlike torch.sigmoid/silu/softplus on this CPU).
 Outputs are returned in q's dtype; all arithmetic is fp32.
 
 Implementation notes (none of them changes which numbers meet in which op):
-- Keys and values are gathered with one row gather each, straight into the heads-first
-  ``[Hkv, B, L, D]`` layout (rows of ``src.reshape(-1, D)``), into buffers reused across calls
-  when no input needs autograd (fresh multi-MB buffers paid a page fault per page).
+- Keys and values are gathered with one row gather each (a row = one token's or cache slot's
+  ``Hkv * D`` values) into the token-major ``[B, L, Hkv, D]`` layout, into buffers reused
+  across calls when no input needs autograd (fresh multi-MB buffers paid a page fault per
+  page). Each KV head's GEMMs read that buffer through a strided view (no heads-first copy) and
+  write into one shared output buffer, so the row-local ops run once for all heads.
 - Everything that depends only on the batch layout (row and key indices, causal masks) is a
   per-step *plan*, built once and reused by every layer while the batch tensors are the same
   objects at the same version (see ``_cached_plan``).
@@ -115,7 +118,7 @@ class _GroupPlan:
     kept_slots: int  # query slots per sequence in the result (the padding-only slots are dropped)
     q_index: torch.Tensor  # [B * slots] token of each query slot (last query repeated)
     n_blocks: int
-    kv_rows: torch.Tensor  # [Hkv * B * L] rows of src.reshape(-1, D), laid out heads first
+    kv_rows: torch.Tensor  # [B * L] rows of src.reshape(-1, Hkv * D) (a token's or slot's heads)
     invalid_rows: torch.Tensor | None  # rows of that layout past kv_len (values zeroed)
     tiles: list[_TilePlan]
     pick: torch.Tensor | None  # real query slots among the B * slots (None: all are real)
@@ -173,6 +176,8 @@ def _build_plan(cu_list, kv_list, key_index, hkv: int, group: int, device) -> li
     lens = [b - a for a, b in zip(cu_list, cu_list[1:])]
     if any(n > kv for n, kv in zip(lens, kv_list)):
         raise ValueError("every sequence needs kv_len >= q_len (this step's keys must be included)")
+    if lens and group <= _BATCHED_ROWS and all(n == 1 for n in lens):
+        return [_plan_decode(cu_list, kv_list, key_index, group, device)]
     small = [s for s, n in enumerate(lens) if 0 < n * group <= _BATCHED_ROWS]
     groups = [small] if small else []
     # sequences of one tile or less with the same q_len (e.g. equal-length prompts) share a group:
@@ -189,6 +194,37 @@ def _build_plan(cu_list, kv_list, key_index, hkv: int, group: int, device) -> li
             members.append(s)
     groups += list(same_len.values())
     return [_plan_group(cu_list, lens, kv_list, key_index, seqs, hkv, group, device) for seqs in groups]
+
+
+def _plan_decode(cu_list, kv_list, key_index, group, device) -> _GroupPlan:
+    """The plan ``_plan_group`` builds for an all-decode batch (one query per sequence, every
+    sequence in one group), with fewer ops: a decode step builds a new plan every step."""
+    nseq = len(kv_list)
+    slots = -(-MIN_ROWS // group)
+    starts = torch.tensor(cu_list[:-1], dtype=torch.int64, device=device)
+    kv_len = torch.tensor(kv_list, dtype=torch.int64, device=device)
+    n_blocks = -(-max(kv_list) // KEY_BLOCK)
+    pos = torch.arange(n_blocks * KEY_BLOCK, device=device)
+    k_valid = pos[None, :] < kv_len[:, None]
+    kv_rows = torch.where(k_valid, key_index(torch.arange(nseq, device=device), pos), 0).flatten()
+    invalid = (~k_valid).flatten().nonzero().squeeze(1)
+    query_pos = (kv_len - 1)[:, None].expand(nseq, group)  # the real rows: one query, G heads
+    key_pos = pos.view(n_blocks, KEY_BLOCK)
+    blocked = key_pos[None, :, None, :] > query_pos[:, None, :, None]
+    active = key_pos[:, 0][None, :, None] <= query_pos[:, None, :]
+    tile = _TilePlan(0, slots * group, 0, n_blocks, group, blocked, active)
+    return _GroupPlan(
+        nseq,
+        slots,
+        1,
+        starts.repeat_interleave(slots),
+        n_blocks,
+        kv_rows,
+        invalid if invalid.numel() else None,
+        [tile],
+        None,
+        starts,
+    )
 
 
 def _plan_group(cu_list, lens, kv_list, key_index, seqs, hkv, group, device) -> _GroupPlan:
@@ -211,10 +247,8 @@ def _plan_group(cu_list, lens, kv_list, key_index, seqs, hkv, group, device) -> 
     n_blocks = -(-max(seq_kv) // KEY_BLOCK)
     pos = torch.arange(n_blocks * KEY_BLOCK, device=device)
     k_valid = pos[None, :] < g_kvlen[:, None]  # [B, L]
-    idx = torch.where(k_valid, key_index(seqs_t, pos), 0)
-    heads = torch.arange(hkv, dtype=torch.int64, device=device)
-    kv_rows = (idx[None] * hkv + heads[:, None, None]).flatten()
-    invalid = (~k_valid)[None].expand(hkv, -1, -1).flatten().nonzero().squeeze(1)
+    kv_rows = torch.where(k_valid, key_index(seqs_t, pos), 0).flatten()
+    invalid = (~k_valid).flatten().nonzero().squeeze(1)
 
     tiles = []
     # row tiles (rows are ascending in position, so a tile only needs the blocks up to its last row)
@@ -337,8 +371,8 @@ def _attend(q, k_src, v_src, plan: list[_GroupPlan], scale: float) -> torch.Tens
     tq, hq, _ = q.shape
     hkv, dv = k_src.shape[-2], v_src.shape[-1]
     out = torch.empty(tq, hq, dv, dtype=q.dtype, device=q.device)
-    k_rows = k_src.reshape(-1, k_src.shape[-1])  # row (slot * Hkv + head)
-    v_rows = v_src.reshape(-1, dv)
+    k_rows = k_src.reshape(-1, hkv * k_src.shape[-1])  # one row per token / cache slot, all heads
+    v_rows = v_src.reshape(-1, hkv * dv)
     reuse = not (torch.is_grad_enabled() and (q.requires_grad or k_src.requires_grad or v_src.requires_grad))
     for group_plan in plan:
         _attend_group(q, k_rows, v_rows, hkv, group_plan, scale, out, reuse)
@@ -346,8 +380,10 @@ def _attend(q, k_src, v_src, plan: list[_GroupPlan], scale: float) -> torch.Tens
 
 
 def _attend_group(q, k_rows, v_rows, hkv, plan: _GroupPlan, scale, out, reuse: bool) -> None:
-    """Attend one group of sequences; tensors are laid out [Hkv, B, ...] (B = plan.nseq)."""
-    dqk, dv, group = k_rows.shape[1], v_rows.shape[1], q.shape[1] // hkv
+    """Attend one group of sequences; queries are laid out [Hkv, B, ...] (B = plan.nseq), keys and
+    values stay token-major ``[B, blocks, KEY_BLOCK, Hkv, D]`` (one row gather per token, no
+    heads-first copy: each head's GEMM reads its strided slice)."""
+    dqk, dv, group = k_rows.shape[1] // hkv, v_rows.shape[1] // hkv, q.shape[1] // hkv
     nseq, slots = plan.nseq, plan.slots
     rows = slots * group
     # [B * slots, Hkv, G * D] -> [Hkv, B, rows, D] in fp32 (a row gather, then one permuting copy)
@@ -359,32 +395,30 @@ def _attend_group(q, k_rows, v_rows, hkv, plan: _GroupPlan, scale, out, reuse: b
         q_rows = q_rows.to(torch.float32, memory_format=torch.contiguous_format)
     q_rows = q_rows.view(hkv, nseq, rows, dqk)
 
-    n_rows = plan.kv_rows.numel()
-    # one row gather straight into the heads-first layout (no permuting copy)
     keys = _gather_rows(k_rows, plan.kv_rows, "keys", reuse).to(torch.float32)
-    keys = keys.view(hkv, nseq, plan.n_blocks, KEY_BLOCK, dqk)
-    # values get a ones column: P @ [V | 1] yields each block's probability sum from the same GEMM;
-    # values past kv_len are zeroed (stale cache slots may hold nan: 0 * nan = nan)
-    vals = _scratch("values", (n_rows, dv + 1), torch.float32, q.device, reuse)
-    vals[:, :dv].copy_(_gather_rows(v_rows, plan.kv_rows, "gathered_values", reuse))
+    keys = keys.view(nseq, plan.n_blocks, KEY_BLOCK, hkv, dqk)
+    # values get a ones column per head: P @ [V | 1] yields each block's probability sum from the
+    # same GEMM; values past kv_len are zeroed (stale cache slots may hold nan: 0 * nan = nan)
+    n_pos = plan.kv_rows.numel()
+    vals = _scratch("values", (n_pos, hkv, dv + 1), torch.float32, q.device, reuse)
+    gathered = _gather_rows(v_rows, plan.kv_rows, "gathered_values", reuse)
+    vals[:, :, :dv].copy_(gathered.view(n_pos, hkv, dv))
     if plan.invalid_rows is not None:  # (measured faster than a masked copy or a where)
         vals.index_fill_(0, plan.invalid_rows, 0.0)
-    vals[:, dv] = 1.0
-    vals = vals.view(hkv, nseq, plan.n_blocks, KEY_BLOCK, dv + 1)
+    vals[:, :, dv] = 1.0
+    vals = vals.view(nseq, plan.n_blocks, KEY_BLOCK, hkv, dv + 1)
 
     if len(plan.tiles) == 1:
         tile = plan.tiles[0]
-        result = _attend_rows(
-            q_rows, tile, keys[:, :, : tile.n_blocks], vals[:, :, : tile.n_blocks], scale, reuse
-        )
+        result = _attend_rows(q_rows, tile, keys[:, : tile.n_blocks], vals[:, : tile.n_blocks], scale, reuse)
     else:
         result = q_rows.new_empty(hkv, nseq, rows, dv)  # vals carry dv + 1 columns; results dv
         for tile in plan.tiles:
             tile_out = _attend_rows(
                 q_rows[:, :, tile.start : tile.hi],
                 tile,
-                keys[:, :, : tile.n_blocks],
-                vals[:, :, : tile.n_blocks],
+                keys[:, : tile.n_blocks],
+                vals[:, : tile.n_blocks],
                 scale,
                 reuse,
             )
@@ -404,18 +438,36 @@ def _gather_rows(src: torch.Tensor, index: torch.Tensor, name: str, reuse: bool)
     return torch.index_select(src, 0, index, out=buf)
 
 
+def _per_head_matmul(name: str, a, b, shape, reuse: bool) -> torch.Tensor:
+    """``stack([a[h] @ b(h) for h])``: one batched GEMM per KV head (b(h) is a strided view of the
+    token-major keys/values), written into one buffer when no autograd is needed."""
+    if not reuse:
+        return torch.stack([torch.matmul(a[h], b(h)) for h in range(shape[0])])
+    result = _scratch(name, shape, torch.float32, a.device, True)
+    for h in range(shape[0]):
+        torch.matmul(a[h], b(h), out=result[h])
+    return result
+
+
 def _attend_rows(q_rows, tile: _TilePlan, keys, vals, scale: float, reuse: bool) -> torch.Tensor:
     """Split-KV attention of query rows over key blocks; every op is row-local (see module docstring).
 
-    q_rows ``[Hkv, B, R, Dqk]`` fp32 (R >= MIN_ROWS), keys ``[Hkv, B, NB, KEY_BLOCK, Dqk]``,
-    vals ``[Hkv, B, NB, KEY_BLOCK, Dv + 1]`` (zero past kv_len; last column all ones), masks from
+    q_rows ``[Hkv, B, R, Dqk]`` fp32 (R >= MIN_ROWS), keys ``[B, NB, KEY_BLOCK, Hkv, Dqk]``,
+    vals ``[B, NB, KEY_BLOCK, Hkv, Dv + 1]`` (zero past kv_len; last column all ones), masks from
     ``tile``. Returns ``[Hkv, B, tile.real, Dv]``: the leading ``tile.real`` rows. The GEMMs always
     run on all R rows (that fixes the kernel); the row-local ops in between only on the real rows,
     and P @ V gets zero rows as padding (rows never interact in a GEMM, only the shape counts).
     """
-    n_blocks, rows, real = keys.shape[2], q_rows.shape[2], tile.real
+    hkv, nseq, rows, _ = q_rows.shape
+    n_blocks, dv1, real = keys.shape[1], vals.shape[-1], tile.real
     # one GEMM per (head, sequence, block), each R x KEY_BLOCK with reduction Dqk
-    scores = torch.matmul(q_rows[:, :, None], keys.transpose(-1, -2))  # [Hkv, B, NB, R, KB]
+    scores = _per_head_matmul(
+        "scores",
+        q_rows[:, :, None],
+        lambda h: keys[:, :, :, h].transpose(-1, -2),
+        (hkv, nseq, n_blocks, rows, KEY_BLOCK),
+        reuse,
+    )
     scores = scores[..., :real, :] * scale
     scores = scores.masked_fill_(tile.blocked, _NEG_INF)
     block_max = scores.amax(-1)  # [Hkv, B, NB, real]; -inf for a block entirely after the query
@@ -428,7 +480,9 @@ def _attend_rows(q_rows, tile: _TilePlan, keys, vals, scale: float, reuse: bool)
         padded[..., :real, :] = probs
         probs = padded
     # [Hkv, B, NB, R, Dv + 1], reduction length KEY_BLOCK; the last column is the block's sum of probs
-    block_acc = torch.matmul(probs, vals)[..., :real, :]
+    block_acc = _per_head_matmul(
+        "block_acc", probs, lambda h: vals[:, :, :, h], (hkv, nseq, n_blocks, rows, dv1), reuse
+    )[..., :real, :]
     row_max = block_max.amax(2, keepdim=True)  # exact: max does not round
     block_acc = block_acc * torch.where(tile.active, torch.exp(block_max - row_max), 0.0)[..., None]
     # ascending block order; skipped blocks add exact zeros, so the tile's block count changes nothing

@@ -5,23 +5,33 @@
 - Row reductions (RMSNorm) are computed per row; rows of >= ``_SPLIT_ROW`` elements are
   first cut into a fixed number of chunks, because torch splits a *single* long row
   across threads (a two-pass reduction) but not one of many rows.
-- SiLU is composed as ``g / (1 + exp(-g))``: torch's fused ``silu``/``sigmoid`` kernels
-  run their vector body on most elements and a scalar ``std::exp`` on the tail of the
-  buffer, so an element's bits depend on where it sits in the batch. ``exp`` runs through
-  torch's VML path (partial vectors for the tail) and +, /, * are correctly rounded, so
-  the composition is position-independent.
+- SiLU (and the sigmoid / softplus of moe.py and ssm.py) is torch's fused kernel, run so
+  that every element goes through its vectorised loop body (``vector_path``). The loop
+  (``cpu_kernel_vec``) computes 64 elements (two AVX-512 vectors of 32 bf16; four of 16
+  fp32) per iteration with Sleef's vector exp and the remainder of each call with scalar
+  ``std::exp``, which rounds differently (measured: ~4 % of fp32 silu values differ), and
+  when torch splits the op across threads (only from 32768 elements, at::internal::GRAIN_SIZE)
+  each thread's chunk has its own remainder. An element's bits therefore depend on where
+  it sits in the buffer unless no remainder exists. ``vector_path`` runs the op on the
+  longest prefix whose thread chunks are whole multiples of 64 (chunking as
+  ``at::parallel_for`` does it) and on the rest padded with zeros to 64, so every element
+  takes the same (vector) code. Model widths are multiples of 64, so the prefix is usually
+  the whole tensor and the op is one stock call.
 - lm_head and log_softmax are fp32 on both sides; ``processed_log_softmax`` is the one
   definition of the sampler's distribution (the default set imports it too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 
 from .. import collectives
 from ..base import QuantizedWeight
 from ..quant import cached_dequantize
-from .gemm import row_invariant_linear
+from .gemm import row_invariant_linear, row_invariant_pieces
 
 # torch reduces a single output over >= 32768 elements (at::internal::GRAIN_SIZE) in two
 # parallel passes; many outputs are reduced one per thread.
@@ -57,7 +67,9 @@ def row_parallel_linear(
 ) -> torch.Tensor:
     _check_linear(x_local, weight_local, None)
     x2d = x_local.reshape(-1, x_local.shape[-1])
-    out = collectives.virtual_shard_reduce(x2d, weight_local, group, virtual_shards, row_invariant_linear)
+    out = collectives.virtual_shard_reduce(
+        x2d, weight_local, group, virtual_shards, row_invariant_linear, row_invariant_pieces
+    )
     out = out.to(x_local.dtype)
     if bias is not None:
         out = out + bias
@@ -89,21 +101,66 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _silu_f32(gate: torch.Tensor) -> torch.Tensor:
-    """fp32 ``g / (1 + exp(-g))`` of ``gate`` (fp32 or bf16), in place in one fresh fp32 buffer
-    (negation and bf16 -> fp32 are exact, so the passes below equal the textbook formula).
-    Under autograd the same operations run out of place."""
-    if _needs_grad(gate):
-        gf = gate.float()
-        return gf / (torch.exp(-gf) + 1.0)
-    if gate.dtype == torch.float32:
-        t = torch.neg(gate)
-    else:
-        t = gate.to(torch.float32)
-        t.neg_()
-    t.exp_()
-    t.add_(1.0)
-    return torch.div(gate, t, out=t)
+#: elements per iteration of the vectorised body of torch's elementwise CPU loop in the widest
+#: case (2 x 32 bf16 lanes of AVX-512); the fp32 (2 x 16) and AVX2 steps divide it
+VECTOR_STEP = 64
+#: torch splits an elementwise op across threads only from this many elements
+_GRAIN = 32768
+
+
+def _vector_prefix(numel: int) -> int:
+    """Longest prefix of a contiguous buffer that torch's vector loop body covers entirely:
+    a multiple of VECTOR_STEP whose per-thread chunks (``min(threads, ceil(n / GRAIN))``
+    chunks of ``ceil(n / chunks)`` elements, as ``at::parallel_for``) are multiples too."""
+    prefix = numel - numel % VECTOR_STEP
+    threads = torch.get_num_threads()
+    while threads > 1 and prefix >= _GRAIN:
+        remainder = prefix % (VECTOR_STEP * min(threads, -(-prefix // _GRAIN)))
+        if remainder == 0:
+            break
+        prefix -= remainder
+    return prefix
+
+
+def vector_path(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``op(x)`` for an elementwise torch op, with every element computed by the op's vector
+    loop body (see the module docstring); differentiable. Rest of the buffer: padded with
+    zeros to VECTOR_STEP (fewer than 32768 elements, so torch runs it on one thread)."""
+    x = x.contiguous()
+    numel = x.numel()
+    prefix = _vector_prefix(numel)
+    if prefix == numel:
+        return op(x)
+    flat = x.reshape(-1)
+    rest = numel - prefix
+    tail = op(F.pad(flat[prefix:], (0, -rest % VECTOR_STEP)))[:rest]
+    return (torch.cat([op(flat[:prefix]), tail]) if prefix else tail).view(x.shape)
+
+
+def vector_path_(op_: Callable[[torch.Tensor], object], x: torch.Tensor) -> torch.Tensor:
+    """In-place ``vector_path`` on a contiguous tensor (``op_`` is the op's in-place form)."""
+    flat = x.view(-1)
+    numel = flat.numel()
+    prefix = _vector_prefix(numel)
+    if prefix:
+        op_(flat[:prefix])
+    if prefix < numel:
+        rest = numel - prefix
+        tail = F.pad(flat[prefix:], (0, -rest % VECTOR_STEP))
+        op_(tail)
+        flat[prefix:] = tail[:rest]
+    return x
+
+
+def _silu_(t: torch.Tensor) -> None:
+    F.silu(t, inplace=True)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """torch's fused silu with every element on its vector path: a fresh tensor, x.dtype."""
+    if _needs_grad(x) or _vector_prefix(x.numel()) == x.numel():
+        return vector_path(F.silu, x)  # one stock call when the prefix is everything
+    return vector_path_(_silu_, x.clone(memory_format=torch.contiguous_format))
 
 
 def gated_rms_norm(
@@ -115,8 +172,12 @@ def gated_rms_norm(
         raise ValueError(f"gated_rms_norm weight shape {tuple(weight.shape)} != x last dim {x.shape[-1]}")
     if group_size <= 0 or x.shape[-1] % group_size != 0:
         raise ValueError(f"group_size {group_size} must be positive and divide {x.shape[-1]}")
-    silu = _silu_f32(gate)
-    hidden = silu * x if _needs_grad(gate, x) else silu.mul_(x)
+    gate_f32 = gate.float()
+    if _needs_grad(gate, x):
+        hidden = silu(gate_f32) * x
+    else:  # a fresh fp32 copy (bf16 gate) is activated in place
+        fresh = gate_f32 is not gate and gate_f32.is_contiguous()
+        hidden = (vector_path_(_silu_, gate_f32) if fresh else silu(gate_f32)).mul_(x)
     grouped = hidden.reshape(*hidden.shape[:-1], -1, group_size)
     normed = grouped * torch.rsqrt(_row_mean_of_squares(grouped) + eps)
     return weight * normed.reshape(hidden.shape).to(x.dtype)
@@ -150,14 +211,18 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"gate shape {tuple(gate.shape)} != up shape {tuple(up.shape)}")
     if gate.dtype != up.dtype:
         raise TypeError(f"gate dtype {gate.dtype} != up dtype {up.dtype}")
-    silu = _silu_f32(gate)
-    t = silu * up if _needs_grad(gate, up) else silu.mul_(up)
-    return t if gate.dtype == torch.float32 else t.to(gate.dtype)
+    if _needs_grad(gate, up):
+        return silu(gate) * up
+    if gate.is_contiguous() and _vector_prefix(gate.numel()) == gate.numel():
+        return F.silu(gate).mul_(up)  # the common case: one stock call covers everything
+    return silu(gate).mul_(up)
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
-    r = torch.relu(x)
-    return r * r
+    # relu and one product are exact per element: naturally invariant (the default's formula)
+    if _needs_grad(x):
+        return torch.square(torch.relu(x))
+    return torch.relu(x).square_()
 
 
 _CAST_CACHE: dict[int, tuple[torch.Tensor, int, torch.dtype, torch.Tensor]] = {}

@@ -10,13 +10,32 @@ Fix used here: call oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, the
 torch's own CPU compiler backend uses for linear layers) on a batch of at least
 ``ONEDNN_MIN_ROWS`` rows. oneDNN's brgemm keeps one K-accumulation order per output
 element whatever M and N are: in a sweep over M in 1..69 and up to 1024 and 12 shapes
-(K, N from 5 to 4096), with 1 and 2 threads, every M >= 2 gave the same bits per row in
-fp32 and every M >= 1 in bf16; only fp32 M=1 takes a separate (gemv) path. So fp32 pads
-a single row to 2 rows, bf16 pads to 4 rows (margin over the measured 1, matching the
-earlier F.linear measurement that bf16 needed >= 4). Column subsets of the weight give
+(K, N from 5 to 4096), with 1 and 2 threads, every M >= 2 gave the same bits per row;
+M = 1 takes a separate (gemv-like) path for some shapes, in fp32 often and in bf16 rarely
+(4 of 150 random shapes up to K=4096, N=8192, e.g. 4096x3072; M = 2 and 3 matched in all
+150). So both dtypes pad a single row to 2 rows. Column subsets of the weight give
 the same bits too (column-parallel layout invariance) for every width N >= 2; an fp32
 single output column (N=1) is again a gemv, so a 1-row weight is padded to 2 rows.
 Padding rows are zeros; rows never interact in a GEMM, so padding only selects the kernel.
+
+Prepacked weights (speed only, same bits): with a plain ``[N, K]`` weight, every oneDNN call
+first reorders the whole weight into its blocked layout (at K = N = 1024 fp32 that reorder is
+most of a small-M call). ``packed_weight`` keeps the reordered copy
+(``torch.ops.mkldnn._reorder_linear_weight``, as torch's CPU compiler does after freezing)
+while the weight is unchanged, and the GEMM is then called with it. The primitive is the same
+(``brg_matmul``) and reorders a packed weight it does not expect, so packed and plain give
+identical bits: measured for every M in a 14-value sweep, 12 shapes, fp32/bf16, 1 and 2
+threads (with the padding above), and re-checked by tests/kernels/test_dense_invariance.py.
+Staleness: an entry is keyed by the weight's root tensor (a view such as ``w_up[e]`` or
+``w[:, piece]`` is keyed by its base plus its offset/shape/strides), its data pointer and the
+in-place version counter shared by a tensor and its views; ``copy_``, ``add_`` and every
+autograd-visible in-place write bump that counter, and an entry dies with its root tensor
+(weak reference). Writes that bypass the counter -- through ``.data``, a numpy view, or
+``torch.optim`` with ``fused=True`` (measured: no bump) -- are NOT seen: call
+``clear_packed_weights()`` after them. Not cached: inference tensors (no version counter),
+weights that need a gradient in the current grad mode (a trainer's step changes them
+anyway), and everything once the byte budget (``ZEROMISMATCH_PACKED_WEIGHTS_MB``, default
+2048; ``0`` disables) is full (least recently used entries go first).
 
 Fallback when oneDNN is absent or for other dtypes (fp64, fp16): ``F.linear`` with the
 row count padded up to a multiple of ``FALLBACK_MIN_ROWS`` = 16. Padding only to "at least
@@ -32,11 +51,16 @@ tests/kernels/test_dense_invariance.py re-checks them with hypothesis on every r
 
 from __future__ import annotations
 
+import os
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 #: rows a oneDNN call is padded up to, per dtype (see module docstring for the measurements)
-ONEDNN_MIN_ROWS = {torch.float32: 2, torch.bfloat16: 4}
+ONEDNN_MIN_ROWS = {torch.float32: 2, torch.bfloat16: 2}
 #: output columns (weight rows) a oneDNN call is padded up to: a single output column is
 #: a separate (gemv) path in fp32, every N >= 2 gave the same bits per column
 ONEDNN_MIN_COLS = 2
@@ -54,8 +78,148 @@ def _onednn_available() -> bool:
 
 
 _ONEDNN = _onednn_available()
+_LINEAR = torch.ops.mkldnn._linear_pointwise.default if _ONEDNN else None
 
 
+# ---- prepacked weights ---------------------------------------------------------------------
+class _PackedWeights:
+    """LRU map (tag, weights' roots and view geometry) -> packed value; see the module docstring."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+        # key -> (weakrefs to roots, versions, nbytes, value), least recently used first
+        self.entries: OrderedDict[tuple, tuple] = OrderedDict()
+        self.nbytes = 0
+
+    def lookup(self, weights: tuple[torch.Tensor, ...], tag: tuple, build: Callable[[], tuple[object, int]]):
+        """The cached ``build()[0]`` for these weights (in their current versions), building it
+        on a miss; None when one of them may not be cached (see the module docstring)."""
+        if self.budget_bytes <= 0:
+            return None
+        grad = torch.is_grad_enabled()
+        roots, key, versions = [], [tag], []
+        for weight in weights:
+            if weight.is_inference() or (grad and weight.requires_grad):
+                return None
+            base = weight._base
+            root = weight if base is None else base
+            roots.append(root)
+            key.append((id(root), weight.data_ptr(), weight.shape, weight.stride(), weight.dtype))
+            versions.append(weight._version)
+        key, versions = tuple(key), tuple(versions)
+        hit = self.entries.get(key)
+        if hit is not None:
+            if hit[1] == versions and all(ref() is root for ref, root in zip(hit[0], roots)):
+                self.entries.move_to_end(key)  # most recently used goes last
+                return hit[3]
+            del self.entries[key]
+            self.nbytes -= hit[2]
+        with torch.no_grad():
+            value, nbytes = build()
+        if nbytes > self.budget_bytes // 4:  # one huge weight would evict everything else
+            return value
+        while self.entries and self.nbytes + nbytes > self.budget_bytes:
+            _, oldest = self.entries.popitem(last=False)
+            self.nbytes -= oldest[2]
+        entries = self.entries
+        refs = tuple(weakref.ref(root, lambda _, key=key: self._drop(key, entries)) for root in roots)
+        entries[key] = (refs, versions, nbytes, value)
+        self.nbytes += nbytes
+        return value
+
+    def _drop(self, key, entries) -> None:
+        entry = entries.pop(key, None)
+        if entry is not None and entries is self.entries:
+            self.nbytes -= entry[2]
+
+    def clear(self) -> None:
+        self.entries = OrderedDict()
+        self.nbytes = 0
+
+
+def _budget_from_env() -> int:
+    raw = os.environ.get("ZEROMISMATCH_PACKED_WEIGHTS_MB", "2048")
+    try:
+        return int(float(raw) * 2**20)
+    except ValueError:
+        raise ValueError(f"ZEROMISMATCH_PACKED_WEIGHTS_MB must be a number of MiB, got {raw!r}") from None
+
+
+_PACKED = _PackedWeights(_budget_from_env())
+
+
+def clear_packed_weights() -> None:
+    """Forget every packed weight (needed only after writes that bypass the version counter)."""
+    _PACKED.clear()
+
+
+def _pack(plain: torch.Tensor, min_cols: int) -> tuple[torch.Tensor, int]:
+    plain = plain.detach().contiguous()
+    if plain.shape[0] < min_cols:
+        plain = _pad_rows(plain, min_cols)
+    packed = torch.ops.mkldnn._reorder_linear_weight(plain, None)
+    return packed, int(torch.ops.mkldnn._nbytes(packed))
+
+
+def _packable(*weights: torch.Tensor) -> bool:
+    return _ONEDNN and all(w.is_cpu and w.dtype in ONEDNN_MIN_ROWS for w in weights)
+
+
+def packed_weight(weight: torch.Tensor, min_cols: int = 1) -> torch.Tensor | None:
+    """The oneDNN-packed form of ``weight`` [N, K] (padded with zero rows up to ``min_cols``
+    output columns), cached while the weight is unchanged; None when it may not be cached."""
+    if not _packable(weight):
+        return None
+    return _PACKED.lookup((weight,), ("linear", min_cols), lambda: _pack(weight, min_cols))
+
+
+def packed_k_pieces(weight: torch.Tensor, pieces: int) -> list[torch.Tensor] | None:
+    """Packed ``weight[:, piece j]`` for ``pieces`` equal K-slices (one cache entry for all)."""
+    if not _packable(weight):
+        return None
+    k = weight.shape[1] // pieces
+
+    def build():
+        packed = [_pack(weight[:, j * k : (j + 1) * k], ONEDNN_MIN_COLS) for j in range(pieces)]
+        return [p for p, _ in packed], sum(n for _, n in packed)
+
+    return _PACKED.lookup((weight,), ("k-pieces", pieces), build)
+
+
+def packed_experts(*stacked: torch.Tensor) -> list[torch.Tensor] | None:
+    """Per expert e, packed ``cat([w[e] for w in stacked])`` of stacked weights ``[E, N_i, K]``
+    (e.g. gate and up fused into one ``[2I, H]`` GEMM), one cache entry for all experts."""
+    if not _packable(*stacked):
+        return None
+
+    def build():
+        experts = range(stacked[0].shape[0])
+        packed = [_pack(torch.cat([w[e] for w in stacked]), ONEDNN_MIN_COLS) for e in experts]
+        return [p for p, _ in packed], sum(n for _, n in packed)
+
+    return _PACKED.lookup(stacked, ("experts",), build)
+
+
+def linear_prepacked(x2d: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """The row-invariant GEMM with a weight from ``packed_weight`` / ``packed_k_pieces`` /
+    ``packed_experts`` (same bits as ``row_invariant_linear`` on the plain weight). A single
+    row is padded to ``ONEDNN_MIN_ROWS``; x2d must be contiguous. No autograd."""
+    m = x2d.shape[0]
+    if m >= ONEDNN_MIN_ROWS[x2d.dtype]:
+        return _LINEAR(x2d, packed, None, "none", [None], "")
+    x2d = torch.cat((x2d, x2d.new_zeros(ONEDNN_MIN_ROWS[x2d.dtype] - m, x2d.shape[1])))
+    return _LINEAR(x2d, packed, None, "none", [None], "")[:m]
+
+
+def onednn_linear(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x2d @ weight.T`` through oneDNN with the weight packed once (no padding, so no row
+    invariance at M=1): the fast stock path the default set uses."""
+    packed = packed_weight(weight)
+    weight = weight.contiguous() if packed is None else packed
+    return _LINEAR(x2d.contiguous(), weight, None, "none", [None], "")
+
+
+# ---- the row-invariant GEMM ----------------------------------------------------------------
 def _pad_rows(x2d: torch.Tensor, rows: int) -> torch.Tensor:
     padded = x2d.new_zeros(rows, x2d.shape[1])
     padded[: x2d.shape[0]] = x2d
@@ -79,15 +243,21 @@ def uses_onednn(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
     return _ONEDNN and torch.device(device).type == "cpu" and dtype in ONEDNN_MIN_ROWS
 
 
-def _onednn_forward(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _onednn_forward(x2d: torch.Tensor, weight: torch.Tensor, cache: bool = True) -> torch.Tensor:
     m, n = x2d.shape[0], weight.shape[0]
-    rows = ONEDNN_MIN_ROWS[x2d.dtype]
-    if m < rows:
-        x2d = _pad_rows(x2d, rows)
+    padded = m < ONEDNN_MIN_ROWS[x2d.dtype]
+    if padded:  # zero rows (rows never interact in a GEMM; padding only selects the kernel)
+        x2d = torch.cat((x2d, x2d.new_zeros(ONEDNN_MIN_ROWS[x2d.dtype] - m, x2d.shape[1])))
+    elif not x2d.is_contiguous():
+        x2d = x2d.contiguous()
+    packed = packed_weight(weight, ONEDNN_MIN_COLS) if cache else None
+    if packed is None:
+        weight = weight.contiguous()
+        packed = _pad_rows(weight, ONEDNN_MIN_COLS) if n < ONEDNN_MIN_COLS else weight
+    out = _LINEAR(x2d, packed, None, "none", [None], "")
     if n < ONEDNN_MIN_COLS:
-        weight = _pad_rows(weight, ONEDNN_MIN_COLS)
-    out = torch.ops.mkldnn._linear_pointwise(x2d, weight, None, "none", [None], "")
-    return out[:m, :n] if (m < rows or n < ONEDNN_MIN_COLS) else out
+        return out[:m, :n]
+    return out[:m] if padded else out
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -98,7 +268,8 @@ class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x2d, weight)
-        return _onednn_forward(x2d, weight)
+        # a weight that is being trained is not cached (grad mode is off inside forward)
+        return _onednn_forward(x2d, weight, cache=not weight.requires_grad)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
@@ -113,19 +284,50 @@ def row_invariant_linear(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
 
     Also independent of which output columns are requested (a column slice of ``weight``
     gives the same bits as slicing the full result), so column-parallel sharding is free.
-    Differentiable (plain GEMM backward).
+    ``weight`` may be a view (an expert of a stacked weight, a K-slice): its packed form is
+    cached per view. Differentiable (plain GEMM backward).
     """
-    _check(x2d, weight)
+    if x2d.dim() != 2 or weight.dim() != 2 or x2d.shape[1] != weight.shape[1] or x2d.dtype != weight.dtype:
+        _check(x2d, weight)
     m = x2d.shape[0]
     if m == 0:
         return x2d.new_zeros(0, weight.shape[0]) + weight.sum() * 0
-    x2d = x2d.contiguous()
-    weight = weight.contiguous()
-    if _ONEDNN and x2d.dtype in ONEDNN_MIN_ROWS and x2d.device.type == "cpu":
+    if _ONEDNN and x2d.is_cpu and x2d.dtype in ONEDNN_MIN_ROWS:
         if torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad):
             return _OneDNNLinear.apply(x2d, weight)
         return _onednn_forward(x2d, weight)
-    return _mkl_fallback(x2d, weight)
+    return _mkl_fallback(x2d.contiguous(), weight.contiguous())
+
+
+def row_invariant_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -> list[torch.Tensor]:
+    """``[row_invariant_linear(x2d[:, piece j], weight[:, piece j]) for j]`` for ``pieces`` equal
+    K-slices: the same GEMM calls with the same inputs (so the same bits), with the row
+    padding, the slicing of x and the packed-weight lookup done once for all pieces."""
+    k = x2d.shape[1] // pieces
+    m, n = x2d.shape[0], weight.shape[0]
+    packed = None
+    if (
+        x2d.dim() == 2
+        and m > 0
+        and x2d.dtype == weight.dtype
+        and weight.dim() == 2
+        and x2d.shape[1] == weight.shape[1] == k * pieces
+        and n >= ONEDNN_MIN_COLS
+        and _packable(x2d)
+        and not (torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad))
+    ):
+        packed = packed_k_pieces(weight, pieces)
+    if packed is None:
+        return [
+            row_invariant_linear(x2d[:, j * k : (j + 1) * k], weight[:, j * k : (j + 1) * k])
+            for j in range(pieces)
+        ]
+    rows = max(m, ONEDNN_MIN_ROWS[x2d.dtype])
+    # one copy lays the pieces out contiguously: [pieces, rows, k] (zero rows pad a single row)
+    x_pieces = x2d.new_zeros(pieces, rows, k) if m < rows else x2d.new_empty(pieces, rows, k)
+    x_pieces[:, :m].copy_(x2d.view(m, pieces, k).transpose(0, 1))
+    outs = [_LINEAR(x_piece, w_piece, None, "none", [None], "") for x_piece, w_piece in zip(x_pieces, packed)]
+    return [out[:m] for out in outs] if m < rows else outs
 
 
 def _mkl_fallback(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Aligned MoE: deterministic routing and experts whose result ignores the rest of the batch.
 
 Routing (per token row; nothing is shared across rows):
-- "softmax" (Qwen3-MoE): p = softmax(logits) in fp32, written as exp(x - max) / sum; top-k of
-  p; with ``norm_topk_prob`` the k weights are divided by their sum.
+- "softmax" (Qwen3-MoE): p = torch.softmax(logits) in fp32 (each row reduced on one thread,
+  in an order fixed by the row length); top-k of p; with ``norm_topk_prob`` the k weights
+  are divided by their sum.
 - "sigmoid" (DeepSeek-V3 / Nemotron-H, transformers' ``*TopkRouter``): s = sigmoid(logits);
   selection uses s + correction_bias; experts are split into ``n_group`` groups, a group
   scores the sum of its two best biased scores, the best ``topk_group`` groups stay
@@ -10,16 +11,17 @@ Routing (per token row; nothing is shared across rows):
   divided by (sum + 1e-20) with ``norm_topk_prob``, then times ``routed_scaling_factor``.
 - Top-k is a stable descending sort, so equal scores go to the lower expert index (torch.topk
   gives no such promise), and the k slots are ordered by score, then index.
-- Sigmoid is computed as 1 / (1 + exp(-x)): measured on this CPU, ``torch.sigmoid`` /
-  ``F.silu`` give an element different bits depending on whether it lands in the vectorised
-  body or the scalar tail of the loop (i.e. on the tensor's size), while ``torch.exp`` and
-  division do not. The weight normalisation sums the k weights left to right.
+- Sigmoid is ``torch.sigmoid`` run through ``dense.vector_path``: measured on this CPU,
+  ``torch.sigmoid`` / ``F.silu`` give an element different bits depending on whether it lands
+  in the vectorised body or the scalar tail of the loop (i.e. on the tensor's size);
+  ``vector_path`` puts every element in the body. The weight normalisation sums the k
+  weights left to right.
 
 Experts: the (token, slot) pairs are grouped by expert with one stable sort; each expert's
 tokens run through ``row_invariant_linear`` (gemm.py: a GEMM whose per-row bits do not depend
 on the row count), so a token's activations do not depend on how many or which other tokens
 share the expert. The activation is computed in
-fp32 (silu as x / (1 + exp(-x)), or relu(x)^2) and rounded once to the activation dtype. The
+fp32 (silu through ``vector_path``, or relu(x)^2) and rounded once to the activation dtype. The
 output is ``sum_j w_j * expert_out_j`` accumulated in fp32 in ascending slot j, rounded once
 to x's dtype.
 """
@@ -28,7 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from .gemm import row_invariant_linear
+from .dense import silu, vector_path
+from .gemm import linear_prepacked, packed_experts, row_invariant_linear
 
 _SCORINGS = ("softmax", "sigmoid")
 _ACTIVATIONS = ("silu", "relu2")
@@ -36,7 +39,7 @@ _ACTIVATIONS = ("silu", "relu2")
 
 def stable_sigmoid(x: torch.Tensor) -> torch.Tensor:
     """Sigmoid with bits independent of the tensor's size (see module docstring)."""
-    return 1.0 / (1.0 + torch.exp(-x))
+    return vector_path(torch.sigmoid, x)
 
 
 def _stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -65,10 +68,10 @@ def moe_route(
     num_experts = _check_route(router_logits, top_k, scoring, correction_bias, n_group, topk_group)
     logits = router_logits.float()
     if scoring == "softmax":
-        shifted = torch.exp(logits - logits.amax(-1, keepdim=True))
-        scores = shifted / shifted.sum(-1, keepdim=True)
-        ids = _stable_topk(scores, top_k)
-        weights = scores.gather(1, ids)
+        # torch's softmax reduces each row on one thread in a fixed order (row-invariant)
+        scores = torch.softmax(logits, dim=-1)
+        ranked = torch.sort(scores, dim=-1, descending=True, stable=True)
+        ids, weights = ranked.indices[:, :top_k], ranked.values[:, :top_k]
         if norm_topk_prob:
             weights = weights / _sum_left_to_right(weights)[:, None]
         return weights * routed_scaling_factor if routed_scaling_factor != 1.0 else weights, ids
@@ -129,6 +132,26 @@ def check_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation) -
         raise ValueError(f"topk_ids must be in [0, {num_experts})")
 
 
+def _activate(gate_up: torch.Tensor, inter: int, activation: str, dtype: torch.dtype) -> torch.Tensor:
+    """act(gate) * up (silu, gated) or relu(up)^2, in fp32, rounded once to ``dtype``; contiguous."""
+    g32 = gate_up.float()
+    if activation == "relu2":
+        return torch.relu(g32).square().to(dtype)
+    hidden = silu(g32)  # all 2I columns in one contiguous call; the up half is discarded
+    hidden = hidden[:, :inter] * g32[:, inter:]
+    return hidden.to(dtype) if dtype != torch.float32 else hidden.contiguous()
+
+
+def _expert_rows(rows_sorted: torch.Tensor, offset: int, count: int) -> tuple[torch.Tensor, int]:
+    """The expert's rows of the sorted batch, as a window of >= 2 rows when it has one row
+    (a neighbour's row rides along: rows never interact in a GEMM, it only fills the second
+    row the row-invariant GEMM needs) and where in the window the expert's rows start."""
+    if count >= 2 or rows_sorted.shape[0] < 2:
+        return rows_sorted[offset : offset + count], 0
+    start = offset if offset + 2 <= rows_sorted.shape[0] else offset - 1
+    return rows_sorted[start : start + 2], offset - start
+
+
 def moe_experts(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -141,31 +164,44 @@ def moe_experts(
     """Routed experts, each token independent of its batch (see module docstring)."""
     check_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation)
     num_tokens, top_k = topk_ids.shape
-    hidden_size = x.shape[1]
+    num_experts, inter, hidden_size = w_up.shape
+    if num_tokens == 0:
+        return x.new_zeros(0, hidden_size) + (w_up.sum() + w_down.sum()) * 0
     # group the (token, slot) pairs by expert with one stable sort instead of a mask per expert
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=w_up.shape[0]).tolist()
-    rows_sorted = x[order // top_k]
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    rows_sorted = x.index_select(0, order // top_k)
+    up_weights = (w_up,) if w_gate is None else (w_gate, w_up)  # gate and up: one fused GEMM
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, topk_weights, w_gate, w_up, w_down)
+    )
+    packed_up = None if grad else packed_experts(*up_weights)
+    packed_down = None if packed_up is None else packed_experts(w_down)
     outs, offset = [], 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        rows = rows_sorted[offset : offset + count]
+        if packed_down is not None:
+            rows, first = _expert_rows(rows_sorted, offset, count)
+            gate_up = linear_prepacked(rows.contiguous(), packed_up[expert])
+            out = linear_prepacked(_activate(gate_up, inter, activation, x.dtype), packed_down[expert])
+            outs.append(out[first : first + count] if first or out.shape[0] != count else out)
+        else:  # autograd, or weights that cannot be cached: the same GEMMs on the plain weights
+            rows = rows_sorted[offset : offset + count]
+            fused = torch.cat([w[expert] for w in up_weights]) if len(up_weights) > 1 else w_up[expert]
+            gate_up = row_invariant_linear(rows, fused)
+            outs.append(row_invariant_linear(_activate(gate_up, inter, activation, x.dtype), w_down[expert]))
         offset += count
-        up = row_invariant_linear(rows, w_up[expert]).float()
-        if activation == "silu":
-            gate = row_invariant_linear(rows, w_gate[expert]).float()
-            hidden = (gate / (1.0 + torch.exp(-gate)) * up).to(x.dtype)
-        else:
-            hidden = torch.relu(up).square().to(x.dtype)
-        outs.append(row_invariant_linear(hidden, w_down[expert]))
-    # slot_out[t, j] = expert topk_ids[t, j] applied to x[t]
-    slot_out = torch.empty(num_tokens * top_k, hidden_size, dtype=x.dtype, device=x.device)
-    slot_out[order] = torch.cat(outs) if outs else slot_out[:0]
-    slot_out = slot_out.view(num_tokens, top_k, hidden_size)
-    weights = topk_weights.float()
-    total = weights[:, 0:1] * slot_out[:, 0].float()
-    for j in range(1, top_k):
-        total = total + weights[:, j : j + 1] * slot_out[:, j].float()
+    # weighted sum over slots in fp32, in ascending slot j: sum_j w_j * out_j, rounded once
+    products = torch.cat(outs).float() * topk_weights.reshape(-1)[order].float()[:, None]
+    slot_out = torch.empty_like(products).index_copy_(0, order, products).view(num_tokens, top_k, hidden_size)
+    if grad:
+        total = slot_out[:, 0]
+        for j in range(1, top_k):
+            total = total + slot_out[:, j]
+    else:
+        total = slot_out[:, 0].clone()
+        for j in range(1, top_k):
+            total.add_(slot_out[:, j])
     return total.to(x.dtype)

@@ -2,7 +2,8 @@
 
 causal_conv1d: each sequence's window is ``[conv_state (W-1 previous inputs), x]``; the output
 at t is ``sum_w weight[:, w] * window[t + w]`` accumulated in ascending w in fp32, then
-``+ bias``, then silu (as x / (1 + exp(-x))). Only elementwise ops are involved, so a token's
+``+ bias``, then silu (``dense.silu``: torch's fused kernel with every element on its vector
+path). Only elementwise ops are involved, so a token's
 output is the same whether its sequence is run in one call, split at any point (carrying the
 returned state), or one token at a time.
 
@@ -30,17 +31,23 @@ from __future__ import annotations
 
 import torch
 
+from .dense import silu
+
 #: tokens per block whose h-independent terms (and readout) are computed together; no numeric effect
 _TIME_BLOCK = 4
 
 
 def stable_silu(x: torch.Tensor) -> torch.Tensor:
-    """silu with bits independent of the tensor's size (torch's silu is not, on this CPU)."""
-    return x / (1.0 + torch.exp(-x))
+    """silu with bits independent of the tensor's size (plain ``F.silu`` is not, on this CPU)."""
+    return silu(x)
 
 
 def stable_softplus(x: torch.Tensor) -> torch.Tensor:
-    """softplus (threshold 20, as torch) as log1p(exp(x)), log1p(u) = log(1+u) * u / ((1+u) - 1)."""
+    """softplus (threshold 20, as torch) as log1p(exp(x)), log1p(u) = log(1+u) * u / ((1+u) - 1).
+
+    Kept on exact-rounded ops and the position-invariant exp/log rather than ``vector_path``
+    around ``F.softplus``: ``dt`` is small ([T, Hs]), so speed is not at stake, and a replayed
+    repro (tests/bisect/test_repro.py, ssm-scan-with-state) relies on these bits."""
     u = torch.exp(torch.clamp(x, max=20.0))
     one_plus = 1.0 + u
     denom = one_plus - 1.0
