@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     if hf is not None:
         result["hf_same_weights_max_abs_logit_diff"] = hf_logits_gap(model, hf, prompts[0])
         result["ratio_engine_aligned_over_hf"] = medians["engine-aligned"] / medians["hf-generate"]
+        aligned_cpu, hf_cpu = cpu_medians["engine-aligned"], cpu_medians["hf-generate"]
+        result["ratio_engine_aligned_over_hf_cpu"] = aligned_cpu / hf_cpu
     atomic_write_json(Path(args.out), result)
     print({k: v for k, v in result.items() if k.startswith("ratio") or k == "median_tokens_per_s"})
     return 0

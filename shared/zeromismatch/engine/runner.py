@@ -52,33 +52,48 @@ class ModelRunner:
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> ForwardBatch:
         bs = self.block_size
-        input_ids, positions, slots, table_rows = [], [], [], []
-        q_lens, kv_lens, state_slots, has_state = [], [], [], []
+        input_ids, positions, slots, table = [], [], [], []
+        q_lens, kv_lens, state_slots, starts = [], [], [], []
         max_blocks = max(len(c.request.block_ids) for c in chunks)
         for chunk in chunks:
             request = chunk.request
-            start, end = chunk.start, chunk.start + chunk.num_tokens
-            input_ids.extend(_token_slice(request, start, end))
-            positions.extend(range(start, end))
+            start, n = chunk.start, chunk.num_tokens
+            end = start + n
             block_ids = request.block_ids
-            slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
-            q_lens.append(chunk.num_tokens)
+            if n == 1:  # decode: skip the range/list machinery
+                input_ids.append(_token_at(request, start))
+                positions.append(start)
+                slots.append(block_ids[start // bs] * bs + start % bs)
+            else:
+                input_ids.extend(_token_slice(request, start, end))
+                positions.extend(range(start, end))
+                slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
+            q_lens.append(n)
             kv_lens.append(end)
-            table_rows.append(block_ids + [0] * (max_blocks - len(block_ids)))
+            starts.append(start)
+            table.extend(block_ids)
+            if len(block_ids) < max_blocks:
+                table.extend([0] * (max_blocks - len(block_ids)))
             state_slots.append(request.state_slot if request.state_slot is not None else 0)
-            has_state.append(start > 0)
         cu = [0]
         for n in q_lens:
             cu.append(cu[-1] + n)
+        # one tensor for all int64 fields (one allocation and one list conversion per step); the
+        # fields are views of it
+        num_tokens, num_seqs = len(input_ids), len(chunks)
+        values = input_ids + positions + slots + cu + kv_lens + state_slots + starts + table
+        sizes = [num_tokens] * 3 + [num_seqs + 1] + [num_seqs] * 3 + [num_seqs * max_blocks]
+        fields = torch.tensor(values, dtype=torch.int64).split(sizes)
+        ids_t, positions_t, slots_t, cu_t, kv_t, state_t, starts_t, table_t = fields
         return ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int64),
-            kv_lens=torch.tensor(kv_lens, dtype=torch.int64),
-            block_table=torch.tensor(table_rows, dtype=torch.int64).view(len(chunks), max_blocks),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            state_slots=torch.tensor(state_slots, dtype=torch.int64),
-            has_initial_state=torch.tensor(has_state, dtype=torch.bool),
+            input_ids=ids_t,
+            positions=positions_t,
+            cu_seqlens_q=cu_t,
+            kv_lens=kv_t,
+            block_table=table_t.view(num_seqs, max_blocks),
+            slot_mapping=slots_t,
+            state_slots=state_t,
+            has_initial_state=starts_t > 0,
         )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -109,6 +124,13 @@ class ModelRunner:
             [len(r.output_token_ids) for r in requests],
         )
         return [(chunks[i], t, lp) for i, t, lp in zip(sampling, out.token_ids, out.logprobs)]
+
+
+def _token_at(request, position: int) -> int:
+    prompt = request.prompt_token_ids
+    if position < len(prompt):
+        return prompt[position]
+    return request.output_token_ids[position - len(prompt)]
 
 
 def _token_slice(request, start: int, end: int) -> list[int]:

@@ -125,7 +125,7 @@ class Scheduler:
         for request in sorted(self.running, key=lambda r: r.arrival):
             if budget == 0:
                 break
-            if request not in self.running:  # preempted by an older request this step
+            if request.status is not RequestStatus.RUNNING:  # preempted by an older request this step
                 continue
             n = self._chunk_size(request, budget)
             if n == 0:

@@ -16,6 +16,16 @@ sequences; in engine mode it first writes this step's K/V into the paged cache a
 Parameters keep Hugging Face names relative to their module (``q_proj.weight``,
 ``input_layernorm.weight``, ...), so the model's state dict *is* the HF state dict up to
 the few transforms in ``causal_lm.py`` (stacked experts, tensor-parallel shards).
+
+Fused projections (as vLLM's QKVParallelLinear / MergedColumnParallelLinear): q/k/v and
+gate/up run as one ``kernels.linear`` over the concatenated weight (rows of the output are
+the concatenated outputs), which saves GEMM calls per layer. With the aligned set this is
+bit for bit the separate projections: the row-invariant GEMM gives every output column the
+same bits whichever other columns share the call (``kernels/aligned/gemm.py``; checked in
+tests/models/test_fused_projections.py). Engine and trainer run the same module code, so
+they fuse identically in either set. The concatenated weight is cached while its sources are
+unchanged (identity, storage and in-place version); under autograd it is concatenated on
+every call so gradients reach the HF-named parameters.
 """
 
 from __future__ import annotations
@@ -80,6 +90,57 @@ class Linear(nn.Module):
                 x, self.weight, self.bias, self.tp.reduce_group, VIRTUAL_SHARDS
             )
         return kernels.linear(x, self.weight, self.bias)
+
+
+class FusedWeightCache(dict):
+    """Holds one concatenated weight; never copied or pickled (rebuilt on first use), so a
+    deep-copied or shipped model carries no second copy of its projections."""
+
+    def __reduce__(self):
+        return (type(self), ())
+
+    def __deepcopy__(self, memo):
+        return type(self)()
+
+
+def fused_linear(
+    x: torch.Tensor, kernels: KernelSet, linears: tuple[Linear, ...], cache: dict
+) -> torch.Tensor | None:
+    """``cat([l(x) for l in linears], -1)`` as one GEMM, or None when they cannot be fused
+    (quantized weights, row-parallel layouts, mixed biases). ``cache`` is the caller's slot
+    for the concatenated weight."""
+    if any(lin.qweight is not None or lin.parallel == "row" for lin in linears):
+        return None
+    weights = tuple(lin.weight for lin in linears)
+    biases = tuple(lin.bias for lin in linears)
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    weight, bias = _fused_weights(weights, biases, cache)
+    return kernels.linear(x, weight, bias)
+
+
+def _fused_weights(weights, biases, cache: dict):
+    tensors = weights + tuple(b for b in biases if b is not None)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        bias = torch.cat(biases) if biases[0] is not None else None
+        return torch.cat(weights), bias
+    if any(t.is_inference() for t in tensors):  # no version counter: cannot tell if they changed
+        bias = torch.cat(biases) if biases[0] is not None else None
+        return torch.cat(weights).detach(), None if bias is None else bias.detach()
+    key = tuple((t, t.data_ptr(), t._version, t.dtype, t.shape) for t in tensors)
+    hit = cache.get("fused")
+    if (
+        hit is not None
+        and len(hit[0]) == len(key)
+        and all(a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], key))
+    ):
+        return hit[1], hit[2]
+    with torch.no_grad():
+        weight = torch.cat([w.detach() for w in weights])
+        bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
+    # holding the source tensors keeps their storage alive, so a data_ptr is never reused
+    cache["fused"] = (key, weight, bias)
+    return weight, bias
 
 
 class RMSNorm(nn.Module):
@@ -166,22 +227,29 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.inv_freq = inv_freq  # plain fp32 tensor, not a buffer: dtype casts must not touch it
         self.scale = head_dim**-0.5
+        self._fused_cache = FusedWeightCache()
 
     def kv_cache_spec(self) -> tuple[int, int, int]:
         return self.num_kv_heads, self.head_dim, self.head_dim
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         kern, tokens = ctx.kernels, x.shape[0]
-        q = self.q_proj(x, kern).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x, kern).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x, kern).view(tokens, self.num_kv_heads, self.head_dim)
+        hq, hkv = self.num_heads, self.num_kv_heads
+        qkv = fused_linear(x, kern, (self.q_proj, self.k_proj, self.v_proj), self._fused_cache)
+        if qkv is None:
+            q = self.q_proj(x, kern).view(tokens, hq, self.head_dim)
+            k = self.k_proj(x, kern).view(tokens, hkv, self.head_dim)
+            v = self.v_proj(x, kern).view(tokens, hkv, self.head_dim)
+        else:
+            qkv = qkv.view(tokens, hq + 2 * hkv, self.head_dim)
+            q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
         if self.q_norm is not None:
             q = self.q_norm(q, kern)
             k = self.k_norm(k, kern)
         if self.inv_freq is not None:
-            inv_freq = self.inv_freq.to(device=q.device)
-            q = kern.rope(q, ctx.batch.positions, inv_freq)
-            k = kern.rope(k, ctx.batch.positions, inv_freq)
+            # one call for q and k: rope is per (token, head, element), so stacking heads changes no bit
+            qk = kern.rope(torch.cat((q, k), dim=1), ctx.batch.positions, self.inv_freq.to(device=q.device))
+            q, k = qk[:, :hq], qk[:, hq:]
         out = attend(ctx, q, k, v, self.scale)
         return self.o_proj(out.reshape(tokens, -1), kern)
 
@@ -194,10 +262,17 @@ class GatedMLP(nn.Module):
         self.gate_proj = Linear(hidden_size, intermediate_size, False, "column", tp)
         self.up_proj = Linear(hidden_size, intermediate_size, False, "column", tp)
         self.down_proj = Linear(intermediate_size, hidden_size, False, "row", tp)
+        self._fused_cache = FusedWeightCache()
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         kern = ctx.kernels
-        return self.down_proj(kern.silu_mul(self.gate_proj(x, kern), self.up_proj(x, kern)), kern)
+        gate_up = fused_linear(x, kern, (self.gate_proj, self.up_proj), self._fused_cache)
+        if gate_up is None:
+            gate, up = self.gate_proj(x, kern), self.up_proj(x, kern)
+        else:
+            width = gate_up.shape[-1] // 2
+            gate, up = gate_up[..., :width], gate_up[..., width:]
+        return self.down_proj(kern.silu_mul(gate, up), kern)
 
 
 class Relu2MLP(nn.Module):
