@@ -31,7 +31,8 @@ def mini() -> list[Arm]:
 
 
 def smoke() -> list[Arm]:
-    return [Arm(a.name, a.config.replace(steps=2, sft_steps=1, eval_size=2), a.note) for a in mini()]
+    tiny = dict(steps=2, sft_steps=1, eval_size=2, eval_samples=1)
+    return [Arm(a.name, a.config.replace(**tiny), a.note) for a in mini()]
 
 
 # S1's three invariances, each an engine-vs-trainer parity run that isolates one change:
@@ -65,8 +66,15 @@ EXPERIMENT = Experiment(
     arms={"smoke": smoke, "mini": mini},
     postprocess=invariances,
     full=FullScale(
-        model="DeepSeek-V4-Flash-Base", rollout_engine="vllm", trainer="megatron", gpus=None, nodes=4,
-        updates=101, env="math reasoning RL (dataset not named in the source)", precision="fp8",
-        source="S1", assumed=("nodes", "env"),
+        model="DeepSeek-V4-Flash-Base",
+        rollout_engine="vllm",
+        trainer="megatron",
+        gpus=None,
+        nodes=4,
+        updates=101,
+        env="math reasoning RL (dataset not named in the source)",
+        precision="fp8",
+        source="S1",
+        assumed=("nodes", "env"),
     ),
 )

@@ -12,11 +12,13 @@ from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
 
 
+# max_new_tokens 32: the longest correct patch ("<fix>3|for i in range(1, n + 1):</fix>") is 29 tokens;
+# a shorter budget makes every range-line bug unfixable. Warm start and RL sizes: /work/notes/learnability.md.
 def _base(**changes) -> RLConfig:
     return RLConfig(
-        env="code_repair", model="tiny-nemotron-h", algo="reinforce_zero", steps=20,
-        prompts_per_step=4, group_size=2, max_new_tokens=20, sft_steps=50, sft_batch=8, lr=3e-4,
-        eval_size=8, seed=0,
+        env="code_repair", model="tiny-nemotron-h", algo="reinforce_zero", steps=30,
+        prompts_per_step=8, group_size=4, max_new_tokens=32, sft_steps=100, sft_batch=8, lr=1e-3,
+        eval_size=32, eval_samples=2, seed=0,
     ).replace(**changes)  # fmt: skip
 
 
@@ -28,7 +30,8 @@ def mini() -> list[Arm]:
 
 
 def smoke() -> list[Arm]:
-    return [Arm(a.name, a.config.replace(steps=1, sft_steps=1, eval_size=2), a.note) for a in mini()]
+    tiny = dict(steps=1, sft_steps=1, eval_size=2, eval_samples=1)
+    return [Arm(a.name, a.config.replace(**tiny), a.note) for a in mini()]
 
 
 EXPERIMENT = Experiment(
@@ -36,8 +39,15 @@ EXPERIMENT = Experiment(
     claim="aligned kernels keep SWE-bench-style reward stable where the baseline collapses",
     arms={"smoke": smoke, "mini": mini},
     full=FullScale(
-        model="Nemotron-3.5 (Mamba hybrid)", rollout_engine="vllm", trainer="megatron", gpus=None,
-        nodes=4, updates=None, env="SWE-bench Pro", precision="nvfp4", source="S1",
+        model="Nemotron-3.5 (Mamba hybrid)",
+        rollout_engine="vllm",
+        trainer="megatron",
+        gpus=None,
+        nodes=4,
+        updates=None,
+        env="SWE-bench Pro",
+        precision="nvfp4",
+        source="S1",
         assumed=("nodes",),
     ),
 )

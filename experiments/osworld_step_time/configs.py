@@ -15,7 +15,7 @@ from zeromismatch.rl import RLConfig
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="desktop", model="tiny-qwen3", steps=12, prompts_per_step=4, group_size=2,
-        max_new_tokens=16, sft_steps=200, lr=3e-4, eval_size=8, seed=0, step_latency_s=0.005,
+        max_new_tokens=24, sft_steps=200, lr=3e-4, eval_size=8, eval_samples=2, seed=0, step_latency_s=0.005,
     ).replace(**changes)  # fmt: skip
 
 
@@ -27,7 +27,8 @@ def mini() -> list[Arm]:
 
 
 def smoke() -> list[Arm]:
-    return [Arm(a.name, a.config.replace(steps=1, sft_steps=1, eval_size=2), a.note) for a in mini()]
+    tiny = dict(steps=1, sft_steps=1, eval_size=2, eval_samples=1)
+    return [Arm(a.name, a.config.replace(**tiny), a.note) for a in mini()]
 
 
 EXPERIMENT = Experiment(
@@ -35,7 +36,14 @@ EXPERIMENT = Experiment(
     claim="aligned kernels cost some step time (944.25 s vs 884.17 s per OSWorld step)",
     arms={"smoke": smoke, "mini": mini},
     full=FullScale(
-        model="not named in the source", rollout_engine="vllm", trainer="megatron", gpus=None, nodes=2,
-        updates=None, env="OSWorld", source="S3", assumed=("nodes", "model"),
+        model="not named in the source",
+        rollout_engine="vllm",
+        trainer="megatron",
+        gpus=None,
+        nodes=2,
+        updates=None,
+        env="OSWorld",
+        source="S3",
+        assumed=("nodes", "model"),
     ),
 )

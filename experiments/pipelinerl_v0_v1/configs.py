@@ -34,8 +34,12 @@ def mini() -> list[Arm]:
         Arm("v0", _base(kernels="aligned"), "reference: aligned, processed logprobs"),
         Arm(
             "v1_first",
-            _base(kernels="default", logprobs_mode="raw", prefix_cache_versioned=False,
-                  lm_head_precision="activation"),  # fmt: skip
+            _base(
+                kernels="default",
+                logprobs_mode="raw",
+                prefix_cache_versioned=False,
+                lm_head_precision="activation",
+            ),  # fmt: skip
             "first V1 attempt: raw logprobs, unversioned prefix cache, activation-dtype head",
         ),
         Arm("v1_fixed", _base(kernels="default"), "V1 after the four fixes (kernels still unaligned)"),
@@ -49,7 +53,7 @@ def mini() -> list[Arm]:
 
 def _prefix(versioned: bool) -> RLConfig:
     return _base(
-        env="code_repair", kernels="aligned", steps=10, max_new_tokens=24, sft_steps=5, env_options={},
+        env="code_repair", kernels="aligned", steps=10, max_new_tokens=32, sft_steps=5, env_options={},
         prefix_cache_versioned=versioned, eval_size=4,
     )  # fmt: skip
 
@@ -59,7 +63,8 @@ def _head(precision: str) -> RLConfig:
 
 
 def smoke() -> list[Arm]:
-    return [Arm(a.name, a.config.replace(steps=2, sft_steps=1, eval_size=2), a.note) for a in mini()]
+    tiny = dict(steps=2, sft_steps=1, eval_size=2, eval_samples=1)
+    return [Arm(a.name, a.config.replace(**tiny), a.note) for a in mini()]
 
 
 EXPERIMENT = Experiment(
@@ -68,8 +73,14 @@ EXPERIMENT = Experiment(
     arms={"smoke": smoke, "mini": mini},
     postprocess=lambda scale_dir: gaps_to_v0(scale_dir),
     full=FullScale(
-        model="not named in the excerpt", rollout_engine="vllm 0.8.5 (V0) / 0.18.1 (V1)",
-        trainer="pipelinerl", gpus=None, nodes=2, updates=None, env="math reasoning", source="S2",
+        model="not named in the excerpt",
+        rollout_engine="vllm 0.8.5 (V0) / 0.18.1 (V1)",
+        trainer="pipelinerl",
+        gpus=None,
+        nodes=2,
+        updates=None,
+        env="math reasoning",
+        source="S2",
         assumed=("nodes", "model", "env"),
     ),
 )

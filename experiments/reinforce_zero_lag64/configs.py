@@ -3,9 +3,10 @@ policy lag 64; with standard kernels the IS weights' peak/median explodes (1.50x
 KL grows 83.33x, AIME pass@1 falls 34.27% -> 13.96%, and pre-clip grad norm peaks at 38.27
 (vs 0.0555 aligned).
 
-Mini stand-in: tiny-qwen3 on the arithmetic env, 100 RL steps after an SFT warm start, at
-lag 0, 8 and 64 on the aligned stack and at lag 0 and 64 on default kernels ("aligned" and
-"default" are the lag-64 arms the published comparison is about), plus the tool-use env at lag 64.
+Mini stand-in: tiny-qwen3 on the arithmetic env (single-digit addition), 100 RL steps after an
+SFT warm start, at lag 0, 8 and 64 on the aligned stack and at lag 0 and 64 on default kernels
+("aligned" and "default" are the lag-64 arms the published comparison is about), plus the tool-use
+env at lag 64.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
 
 
+# Learnability (issue 6, /work/notes/learnability.md): single-digit *addition* only, so held-out facts share
+# structure with training facts (commutativity, +0) instead of being unseen multiplication facts; a short
+# warm start (200 SFT steps) leaves headroom; 8 prompts x 8 samples and lr 1e-3 give RL enough signal.
+# Held-out pass@1 over 128 eval prompts (21 distinct facts), greedy and sampled (4 per prompt).
 def _base(**changes) -> RLConfig:
     return RLConfig(
-        env="arithmetic", model="tiny-qwen3", algo="reinforce_zero", steps=100, prompts_per_step=4,
-        group_size=4, max_new_tokens=4, sft_steps=800, lr=3e-4, eval_size=32, seed=0,
-        env_options={"max_digits": 1},
+        env="arithmetic", model="tiny-qwen3", algo="reinforce_zero", steps=100, prompts_per_step=8,
+        group_size=8, max_new_tokens=4, sft_steps=200, lr=1e-3, eval_size=128, eval_samples=4, seed=0,
+        env_options={"max_digits": 1, "ops": "+"},
     ).replace(**changes)  # fmt: skip
 
 
@@ -29,10 +34,21 @@ def mini() -> list[Arm]:
         Arm("aligned_lag8", _base(kernels="aligned", lag=8), "async lag 8, aligned"),
         Arm("aligned", _base(kernels="aligned", lag=64), "async lag 64, aligned"),
         Arm("default", _base(kernels="default", lag=64), "async lag 64, standard kernels"),
+        # tools at lag 64: lr 1e-3 made held-out pass@1 fall (0.20 -> 0.14), lr 3e-4 raised it (0.27 -> 0.42)
         Arm(
             "tools_aligned",
             _base(
-                env="tools", kernels="aligned", lag=64, steps=80, max_new_tokens=24, sft_steps=300,
+                env="tools",
+                kernels="aligned",
+                lag=64,
+                steps=80,
+                prompts_per_step=8,
+                group_size=4,
+                lr=3e-4,
+                max_new_tokens=24,
+                sft_steps=300,
+                eval_size=64,
+                eval_samples=2,
                 env_options={},
             ),
             "multi-turn calculator tool use at lag 64, aligned (the Qwen3-4B + Python tools stand-in)",
@@ -41,7 +57,8 @@ def mini() -> list[Arm]:
 
 
 def smoke() -> list[Arm]:
-    return [Arm(a.name, a.config.replace(steps=2, sft_steps=1, eval_size=2), a.note) for a in mini()]
+    tiny = dict(steps=2, sft_steps=1, eval_size=2, eval_samples=1)
+    return [Arm(a.name, a.config.replace(**tiny), a.note) for a in mini()]
 
 
 EXPERIMENT = Experiment(
@@ -49,8 +66,16 @@ EXPERIMENT = Experiment(
     claim="aligned kernels + unclipped IS keep async RL stable at lag 64",
     arms={"smoke": smoke, "mini": mini},
     full=FullScale(
-        model="Qwen/Qwen3-4B", rollout_engine="vllm", trainer="megatron", gpus=16, nodes=2, updates=5000,
-        env="Python tool use", lag=64, context_tokens=16384, source="S3",
+        model="Qwen/Qwen3-4B",
+        rollout_engine="vllm",
+        trainer="megatron",
+        gpus=16,
+        nodes=2,
+        updates=5000,
+        env="Python tool use",
+        lag=64,
+        context_tokens=16384,
+        source="S3",
         extra={"throughput_run": {"gpus": 16, "updates": 12000, "hours_async": 68.55, "hours_sync": 164.77}},
     ),
 )

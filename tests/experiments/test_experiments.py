@@ -44,6 +44,29 @@ def test_configs_resolve_and_match_the_claims_registry(name):
     assert any(c["experiment"] == name for c in claims)
 
 
+def _longest_model_turn(env: str, env_options: dict, n: int = 200) -> int:
+    """Tokens in the longest model turn (closing marker or EOS included) of ``n`` demonstrations."""
+    from zeromismatch.rl.rollout import demonstration_tokens
+
+    options = {k: v for k, v in env_options.items() if k != "step_latency_s"}
+    longest = 0
+    for _, _, mask in demonstration_tokens(env, n, seed=0, env_options=options):
+        run = 0
+        for written_by_model in [*mask, False]:
+            run = run + 1 if written_by_model else 0
+            longest = max(longest, run)
+    return longest
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_mini_arms_leave_room_for_a_correct_turn(name):
+    """max_new_tokens below the longest correct action makes some tasks unsolvable (the rollout cuts the
+    closing marker), which caps reward and pass@1 whatever RL does."""
+    for arm in load(name).arms_for("mini"):
+        needed = _longest_model_turn(arm.config.env, arm.config.env_options)
+        assert arm.config.max_new_tokens >= needed, (arm.name, arm.config.max_new_tokens, needed)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_smoke_scale_runs_every_arm(tmp_path, name):

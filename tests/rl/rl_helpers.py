@@ -9,7 +9,7 @@ def tiny_config(**overrides) -> RLConfig:
     """The smallest run that still exercises every stage: 2 prompts x 2 samples, 4 new tokens."""
     base = dict(
         env="arithmetic", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
-        eval_size=2, micro_batch_size=4,
+        eval_size=2, eval_samples=1, micro_batch_size=4,
     )  # fmt: skip
     base.update(overrides)
     return RLConfig(**base)

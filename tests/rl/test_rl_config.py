@@ -18,6 +18,7 @@ from zeromismatch.rl import RLConfig
         ("executor", "spark", "RLConfig.executor"),
         ("update_mode", "yolo", "RLConfig.update_mode"),
         ("group_size", 1, "RLConfig.group_size"),
+        ("eval_samples", -1, "RLConfig.eval_samples"),
     ],
 )
 def test_bad_field_is_named(field, value, message):

@@ -34,6 +34,12 @@ def register(sub) -> None:
     p.add_argument("--sft-steps", type=int, default=0, help="supervised warm start on env demonstrations")
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--eval-size", type=int, default=32)
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=4,
+        help="samples per eval prompt for sampled pass@1 (0 = greedy pass@1 only)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--executor", default="inprocess", choices=EXECUTORS)
     p.add_argument("--update-mode", default="keep", choices=UPDATE_MODES)
@@ -54,8 +60,8 @@ def run(args) -> int:
             prompts_per_step=args.prompts_per_step, group_size=args.group_size,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, lr=args.lr, sft_steps=args.sft_steps, eval_every=args.eval_every,
-            eval_size=args.eval_size, checkpoint_every=args.checkpoint_every, executor=args.executor,
-            update_mode=args.update_mode, wandb=args.wandb,
+            eval_size=args.eval_size, eval_samples=args.eval_samples, checkpoint_every=args.checkpoint_every,
+            executor=args.executor, update_mode=args.update_mode, wandb=args.wandb,
         )  # fmt: skip
         summary = train(config, args.out, resume=args.resume, quiet=args.quiet)
     except (ValueError, FileExistsError, NotImplementedError) as err:

@@ -45,6 +45,8 @@ class RLConfig:
     sft_lr: float = 3e-3
     eval_every: int = 0  # 0: evaluate only before and after RL
     eval_size: int = 32
+    # samples per eval prompt at the training temperature/top-k/top-p for sampled pass@1 (0: greedy only)
+    eval_samples: int = 4
     checkpoint_every: int = 0  # 0: no checkpoints
     executor: str = "inprocess"
     update_mode: str = "keep"
@@ -84,7 +86,7 @@ class RLConfig:
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "eval_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive int")
-        for name in ("sft_steps", "eval_every", "checkpoint_every"):
+        for name in ("sft_steps", "eval_every", "checkpoint_every", "eval_samples"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative int")
         if self.group_size < 2 and self.algo in ("reinforce_zero", "grpo", "gspo"):

@@ -100,24 +100,42 @@ def task_seeds_for_batch(config: RLConfig, batch_index: int) -> list[int]:
     return list(range(start, start + config.prompts_per_step))
 
 
+EVAL_BATCH_INDEX = 2**40  # sampling seeds of the sampled eval: a batch index no training step reaches
+
+
 def evaluate(config: RLConfig, learner: Learner) -> dict:
-    """Greedy pass@1 on the first ``eval_size`` eval-split tasks under the learner's weights."""
+    """Held-out pass@1 on the first ``eval_size`` eval-split tasks under the learner's weights.
+
+    ``eval_pass_at_1``: share of prompts whose greedy (temperature 0) episode earns reward 1.
+    ``eval_sampled_pass_at_1`` (when ``eval_samples`` = n > 0): n episodes per prompt sampled with the
+    training temperature/top-k/top-p; the unbiased pass@1 estimate c/n per prompt, averaged over prompts
+    (the metric RL optimises directly; greedy pass@1 only moves when an answer's argmax flips).
+    """
     import copy
 
     from ..engine import LLM
 
     engine = LLM(copy.deepcopy(learner.model), kernels=config.engine_kernels, max_num_seqs=64)
     start = time.perf_counter()
-    episodes = collect_episodes(
-        engine, config.env, list(range(config.eval_size)), 1, batch_index=0, run_seed=config.seed,
-        temperature=0.0, max_new_tokens=config.max_new_tokens, split="eval", env_options=env_options(config),
-    )  # fmt: skip
+    seeds = list(range(config.eval_size))
+    common = dict(batch_index=EVAL_BATCH_INDEX, run_seed=config.seed, max_new_tokens=config.max_new_tokens,
+                  split="eval", env_options=env_options(config))  # fmt: skip
+    episodes = collect_episodes(engine, config.env, seeds, 1, temperature=0.0, **common)
     rewards = [ep.reward for ep in episodes]
-    return {
+    result = {
         "eval_pass_at_1": sum(r == 1.0 for r in rewards) / len(rewards),
         "eval_reward_mean": sum(rewards) / len(rewards),
-        "time_eval_s": time.perf_counter() - start,
     }
+    if config.eval_samples:
+        sampled = collect_episodes(
+            engine, config.env, seeds, config.eval_samples, temperature=config.temperature,
+            top_k=config.top_k, top_p=config.top_p, logprobs_mode=config.logprobs_mode, **common,
+        )  # fmt: skip
+        sampled_rewards = [ep.reward for ep in sampled]
+        result["eval_sampled_pass_at_1"] = sum(r == 1.0 for r in sampled_rewards) / len(sampled_rewards)
+        result["eval_sampled_reward_mean"] = sum(sampled_rewards) / len(sampled_rewards)
+    result["time_eval_s"] = time.perf_counter() - start
+    return result
 
 
 def run_sft(config: RLConfig, learner: Learner, progress=None) -> list[float]:
@@ -294,6 +312,8 @@ def summarize(
         "weights_sha256": weights_sha256,
         "eval_pass_at_1_before": eval_before["eval_pass_at_1"],
         "eval_pass_at_1_after": eval_after["eval_pass_at_1"],
+        "eval_sampled_pass_at_1_before": eval_before.get("eval_sampled_pass_at_1"),
+        "eval_sampled_pass_at_1_after": eval_after.get("eval_sampled_pass_at_1"),
         "sft_final_loss": sft_losses[-1] if sft_losses else None,
     }
     for key in keys:
