@@ -133,8 +133,9 @@ def vllm_sampled_logprobs(completions) -> tuple[list[list[int]], list[torch.Tens
             raise ValueError("vLLM returned no logprob for some sampled token (logprobs=0 was requested)")
         token_ids.append(ids)
         logprobs.append(
-            torch.tensor([float(step[t].logprob) for step, t in zip(completion.logprobs, ids)],
-                         dtype=torch.float32)
+            torch.tensor(
+                [float(step[t].logprob) for step, t in zip(completion.logprobs, ids)], dtype=torch.float32
+            )
         )
     return token_ids, logprobs
 
@@ -208,9 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     # the engine's outputs of one more run (untimed) for the contrast: same weights, aligned kernels
     from zeromismatch.engine import LLM, SamplingParams
 
-    engine = LLM(model, "aligned", max_num_seqs=args.batch,
-                 max_num_batched_tokens=max(2048, sum(map(len, prompts))),
-                 enable_prefix_caching=False, block_size=16)
+    engine = LLM(
+        model,
+        "aligned",
+        max_num_seqs=args.batch,
+        max_num_batched_tokens=max(2048, sum(map(len, prompts))),
+        enable_prefix_caching=False,
+        block_size=16,
+    )
     engine_outputs = engine.generate(
         prompts, SamplingParams(temperature=args.temperature, max_tokens=args.new_tokens, seed=1)
     )
