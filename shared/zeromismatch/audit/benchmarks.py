@@ -90,6 +90,12 @@ def _async(data: dict, source: str) -> list[str]:
         f"Measured {data['async_over_sync']:.2f}× at lag {data.get('lag', '?')} (target {ASYNC_TARGET}×; "
         "published 2.40× on 16 GPUs).",
     ]
+    if "async_audited_over_sync" in data:
+        lines.append(
+            "Both arms do the same learner work; with the learner's per-step re-scoring at the rollout's "
+            "weight version on in the async arm (as the experiments run): "
+            f"{data['async_audited_over_sync']:.2f}×."
+        )
     if "ideal_over_sync" in data:
         step = data["sync_step_median_s"]
         lines.append(

@@ -51,6 +51,10 @@ class RLConfig:
     executor: str = "inprocess"
     update_mode: str = "keep"
     micro_batch_size: int = 16
+    # at lag > 0 the learner re-scores each batch with the weights that generated it (one extra
+    # no-grad forward) to measure the kernel mismatch apart from weight lag; False skips that audit
+    # (kernel-mismatch and gap metrics are then NaN at lag > 0) -- for throughput measurements only
+    audit_rollout_version: bool = True
     enable_prefix_caching: bool = True
     prefix_cache_versioned: bool = True  # False reproduces the stale-prefix bug of S2 fix 2
     lm_head_precision: str = "fp32"
@@ -95,6 +99,8 @@ class RLConfig:
             raise ValueError(f"RLConfig: learning rates must be > 0 (lr={self.lr}, sft_lr={self.sft_lr})")
         if self.grad_clip < 0:
             raise bad("grad_clip", "must be >= 0")
+        if not isinstance(self.audit_rollout_version, bool):
+            raise bad("audit_rollout_version", "must be a bool")
 
     @property
     def engine_kernels(self) -> str:

@@ -131,7 +131,8 @@ class Learner:
         if not episodes:
             raise RuntimeError("no episode in the batch has a model-written token")
         learner_now = self._recompute(self.model, episodes, requires_grad=True)
-        learner_then = self._at_version(rollout_snapshot, episodes)
+        unaudited = rollout_snapshot is not None and not self.config.audit_rollout_version
+        learner_then = None if unaudited else self._at_version(rollout_snapshot, episodes)
         if learner_then is None:
             learner_then = [lp.detach() for lp in learner_now]
 
@@ -196,6 +197,11 @@ class Learner:
         # Monte-Carlo entropy of the sampling distribution: -E[log p] over the sampled tokens,
         # with the trainer's processed logprobs at the rollout version (engine-independent).
         stats["entropy"] = float(-then[mask].double().mean())
+        if unaudited:
+            # "then" is the current learner here, not the rollout's version: these would mix weight
+            # lag into the kernel term, so they are not reported
+            unreported = ("kernel_", "diff_", "gap_", "k3_kl", "entropy")
+            stats.update({key: float("nan") for key in stats if key.startswith(unreported)})
         stats["grad_norm_preclip"] = grad_norm
         stats["out_of_support_tokens"] = out_of_support
         stats["tokens"] = int(mask.sum())
