@@ -15,7 +15,7 @@ HF model ran in the same process), which moves the wall-clock numbers by tens of
 reference for aligned ÷ default is 0.913 (S1); this script makes no claim about GPUs.
 
 Usage: ``python benchmarks/rollout.py [--model tiny-qwen3] [--batch 32] [--new-tokens 128]
-[--repeats 5] [--threads 1] [--out results/reproduced/benchmarks/rollout.json]``
+[--repeats 5] [--threads 1] [--quiet] [--out results/reproduced/benchmarks/rollout.json]``
 """
 
 from __future__ import annotations
@@ -118,6 +118,30 @@ def time_hf(hf, prompts, new_tokens: int, temperature: float) -> tuple[float, in
     return elapsed, int((out.shape[1] - ids.shape[1]) * ids.shape[0]), _usage_since(before)
 
 
+def run_rotating(timers: dict, repeats: int, quiet: bool = False) -> tuple[dict, dict, dict]:
+    """Time each system ``repeats`` times in rotating order (machine noise hits all of them);
+    ``timers[name]()`` returns (seconds, tokens, usage). Returns the runs and the per-system
+    medians of tokens per wall second and per CPU second (on a shared machine, waiting for a
+    core inflates wall time, not CPU time)."""
+    systems = list(timers)
+    runs: dict[str, list[dict]] = {name: [] for name in systems}
+    for rep in range(repeats):
+        for name in systems[rep % len(systems) :] + systems[: rep % len(systems)]:
+            seconds, tokens, usage = timers[name]()
+            rate = tokens / seconds
+            runs[name].append({"seconds": seconds, "tokens": tokens, "tokens_per_s": rate, **usage})
+            if not quiet:
+                print(
+                    f"rep {rep} {name:15s} {tokens} tokens in {seconds:.3f} s = {rate:.1f} tok/s "
+                    f"(cpu {usage['cpu_seconds']:.3f} s, {usage['minor_page_faults']} page faults)"
+                )
+    medians = {name: statistics.median(r["tokens_per_s"] for r in runs[name]) for name in systems}
+    cpu_medians = {
+        name: statistics.median(r["tokens"] / r["cpu_seconds"] for r in runs[name]) for name in systems
+    }
+    return runs, medians, cpu_medians
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-qwen3")
@@ -136,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "oversubscription stall multi-threaded runs far more than they speed them up)",
     )
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
     parser.add_argument("--out", default="results/reproduced/benchmarks/rollout.json")
     args = parser.parse_args(argv)
 
@@ -145,32 +170,22 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(args.batch, args.prompt_len, int(model.config.vocab_size), args.seed)
     systems = ["engine-aligned", "engine-default"] + ([] if args.no_hf else ["hf-generate"])
     hf = None if args.no_hf else build_hf_model(model, dtype)
-    runs: dict[str, list[dict]] = {name: [] for name in systems}
     # warm-up (allocator, lazy inits) -- not timed
     time_engine(model, "aligned", prompts[:2], 2, args.temperature)
     time_engine(model, "default", prompts[:2], 2, args.temperature)
-    for rep in range(args.repeats):
-        order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
-        for name in order:
-            if name == "hf-generate":
-                seconds, tokens, usage = time_hf(hf, prompts, args.new_tokens, args.temperature)
-            else:
-                kernels = name.split("-", 1)[1]
-                seconds, tokens, usage = time_engine(
-                    model, kernels, prompts, args.new_tokens, args.temperature
-                )
-                model.set_kernels("aligned")
-            runs[name].append(
-                {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, **usage}
-            )
-            print(
-                f"rep {rep} {name:15s} {tokens} tokens in {seconds:.3f} s = {tokens / seconds:.1f} tok/s "
-                f"(cpu {usage['cpu_seconds']:.3f} s, {usage['minor_page_faults']} page faults)"
-            )
-    medians = {name: statistics.median(r["tokens_per_s"] for r in runs[name]) for name in systems}
-    cpu_medians = {
-        name: statistics.median(r["tokens"] / r["cpu_seconds"] for r in runs[name]) for name in systems
-    }
+
+    def engine_timer(kernels: str):
+        def timer():
+            timing = time_engine(model, kernels, prompts, args.new_tokens, args.temperature)
+            model.set_kernels("aligned")
+            return timing
+
+        return timer
+
+    timers = {name: engine_timer(name.split("-", 1)[1]) for name in systems if name != "hf-generate"}
+    if hf is not None:
+        timers["hf-generate"] = lambda: time_hf(hf, prompts, args.new_tokens, args.temperature)
+    runs, medians, cpu_medians = run_rotating(timers, args.repeats, args.quiet)
     result = {
         "benchmark": "rollout",
         "config": vars(args),

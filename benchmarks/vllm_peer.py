@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -55,7 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout import _usage_since, make_prompts, time_engine  # noqa: E402
+from rollout import _usage_since, make_prompts, run_rotating, time_engine  # noqa: E402
 
 from zeromismatch._provenance import provenance  # noqa: E402
 from zeromismatch.engine.llm import build_preset  # noqa: E402
@@ -178,33 +177,23 @@ def main(argv: list[str] | None = None) -> int:
         save_pretrained(model, checkpoint)
         llm = build_vllm(vllm, checkpoint, args)
 
-    systems = ["engine-aligned", "vllm"]
-    runs: dict[str, list[dict]] = {name: [] for name in systems}
     # warm-up at the full batch shape (vLLM's first generate JIT-builds its CPU kernels; allocator,
     # lazy inits) -- not timed
     warmup_tokens = min(8, args.new_tokens)
     time_vllm(vllm, llm, prompts, warmup_tokens, args.temperature)
     time_engine(model, "aligned", prompts, warmup_tokens, args.temperature)
-    last_vllm = None
-    for rep in range(args.repeats):
-        for name in systems[rep % 2 :] + systems[: rep % 2]:
-            if name == "vllm":
-                seconds, tokens, usage, last_vllm = time_vllm(
-                    vllm, llm, prompts, args.new_tokens, args.temperature
-                )
-            else:
-                seconds, tokens, usage = time_engine(
-                    model, "aligned", prompts, args.new_tokens, args.temperature
-                )
-            rate = tokens / seconds
-            runs[name].append({"seconds": seconds, "tokens": tokens, "tokens_per_s": rate, **usage})
-            if not args.quiet:
-                print(f"rep {rep} {name:15s} {tokens} tokens in {seconds:.3f} s = {rate:.1f} tok/s")
-    medians = {name: statistics.median(r["tokens_per_s"] for r in runs[name]) for name in systems}
-    # per CPU second too: on a shared machine waiting for a core inflates wall time, not CPU time
-    cpu_medians = {
-        name: statistics.median(r["tokens"] / r["cpu_seconds"] for r in runs[name]) for name in systems
+    last_vllm: list = []
+
+    def vllm_timer():
+        seconds, tokens, usage, completions = time_vllm(vllm, llm, prompts, args.new_tokens, args.temperature)
+        last_vllm[:] = completions
+        return seconds, tokens, usage
+
+    timers = {
+        "engine-aligned": lambda: time_engine(model, "aligned", prompts, args.new_tokens, args.temperature),
+        "vllm": vllm_timer,
     }
+    runs, medians, cpu_medians = run_rotating(timers, args.repeats, args.quiet)
 
     # the engine's outputs of one more run (untimed) for the contrast: same weights, aligned kernels
     from zeromismatch.engine import LLM, SamplingParams

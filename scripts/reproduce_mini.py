@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_benchmarks and args.only is None:
         b = ROOT / "results" / "reproduced" / "benchmarks"
         steps += [
-            ("benchmark rollout", ["benchmarks/rollout.py", "--out", str(b / "rollout.json")]),
+            ("benchmark rollout", ["benchmarks/rollout.py", "--out", str(b / "rollout.json"), *quiet]),
             ("benchmark async", ["benchmarks/async.py", "--out", str(b / "async.json"), *quiet]),
             ("benchmark ops", ["benchmarks/ops.py", "--threads", "1", "--out", str(b / "ops.json"), *quiet]),
         ]

@@ -8,6 +8,7 @@ import pytest
 from audit_helpers import write_benchmark
 
 from zeromismatch.audit.benchmarks import benchmark_lines, lines_to_html
+from zeromismatch.audit.registry import AuditInputError
 
 
 def test_no_benchmark_files_no_section(tmp_path):
@@ -75,5 +76,5 @@ def test_rollout_async_and_vllm_peer_tables(tmp_path):
 def test_malformed_benchmark_file_is_one_error_naming_it(tmp_path):
     path = write_benchmark(tmp_path, "rollout", {})
     path.write_text("{not json")
-    with pytest.raises(ValueError, match="rollout.json is not valid JSON"):
+    with pytest.raises(AuditInputError, match="malformed benchmark file .*rollout.json: invalid JSON"):
         benchmark_lines(tmp_path)

@@ -63,7 +63,9 @@ def test_fused_projections_backpropagate_to_the_hf_parameters():
         assert linear.weight.grad is not None and bool(linear.weight.grad.abs().sum() > 0)
 
 
-def test_fused_weight_cache_is_not_copied_or_pickled():
+def test_copied_and_pickled_models_keep_their_own_fused_weights():
+    """The cache is keyed by tensor identity: a clone computes the same bits, and changing the
+    clone's weights never serves the original a stale or foreign concatenation."""
     import copy
     import pickle
 
@@ -71,9 +73,8 @@ def test_fused_weight_cache_is_not_copied_or_pickled():
     sequences = random_sequences(LENGTHS, model.config.vocab_size, seed=0)
     with torch.no_grad():
         expected = trainer_logits(model, sequences)
-    attn = model.model.layers[0].self_attn
-    assert attn._fused_cache  # filled by the forward
-    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-        assert not clone.model.layers[0].self_attn._fused_cache
-        with torch.no_grad():
+        for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
             assert torch.equal(trainer_logits(clone, sequences), expected)
+            clone.model.layers[0].self_attn.q_proj.weight.mul_(2.0)
+            assert not torch.equal(trainer_logits(clone, sequences), expected)
+            assert torch.equal(trainer_logits(model, sequences), expected)

@@ -10,12 +10,12 @@ numbers; nothing here is typed by hand, and a file that is absent is simply not 
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from html import escape
 from pathlib import Path
 
+from .registry import read_json
 from .text import fmt_number
 
 OPS_TARGET = 0.9
@@ -24,12 +24,7 @@ ASYNC_TARGET = 1.6
 
 
 def _load(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"benchmark file {path} is not valid JSON: {err}") from err
+    return read_json(path, "benchmark file") if path.is_file() else None
 
 
 def _commit(data: dict) -> str:

@@ -23,9 +23,10 @@ the concatenated outputs), which saves GEMM calls per layer. With the aligned se
 bit for bit the separate projections: the row-invariant GEMM gives every output column the
 same bits whichever other columns share the call (``kernels/aligned/gemm.py``; checked in
 tests/models/test_fused_projections.py). Engine and trainer run the same module code, so
-they fuse identically in either set. The concatenated weight is cached while its sources are
-unchanged (identity, storage and in-place version); under autograd it is concatenated on
-every call so gradients reach the HF-named parameters.
+they fuse identically in either set. The concatenated weight lives in the packed-weight cache
+(``kernels/aligned/gemm.py::cached_from_weights``: kept while its sources are unchanged by
+identity, storage and in-place version); under autograd it is concatenated on every call so
+gradients reach the HF-named parameters.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..kernels.aligned.gemm import cached_from_weights
 from ..kernels.base import KernelSet, QuantizedWeight
 from .batch import ForwardBatch, ModelCache
 from .tp import TensorParallel
@@ -92,55 +94,32 @@ class Linear(nn.Module):
         return kernels.linear(x, self.weight, self.bias)
 
 
-class FusedWeightCache(dict):
-    """Holds one concatenated weight; never copied or pickled (rebuilt on first use), so a
-    deep-copied or shipped model carries no second copy of its projections."""
-
-    def __reduce__(self):
-        return (type(self), ())
-
-    def __deepcopy__(self, memo):
-        return type(self)()
-
-
-def fused_linear(
-    x: torch.Tensor, kernels: KernelSet, linears: tuple[Linear, ...], cache: dict
-) -> torch.Tensor | None:
+def fused_linear(x: torch.Tensor, kernels: KernelSet, linears: tuple[Linear, ...]) -> torch.Tensor | None:
     """``cat([l(x) for l in linears], -1)`` as one GEMM, or None when they cannot be fused
-    (quantized weights, row-parallel layouts, mixed biases). ``cache`` is the caller's slot
-    for the concatenated weight."""
+    (quantized weights, row-parallel layouts, mixed biases)."""
     if any(lin.qweight is not None or lin.parallel == "row" for lin in linears):
         return None
     weights = tuple(lin.weight for lin in linears)
     biases = tuple(lin.bias for lin in linears)
     if any(b is None for b in biases) and not all(b is None for b in biases):
         return None
-    weight, bias = _fused_weights(weights, biases, cache)
+    weight, bias = _fused_weights(weights, biases)
     return kernels.linear(x, weight, bias)
 
 
-def _fused_weights(weights, biases, cache: dict):
-    tensors = weights + tuple(b for b in biases if b is not None)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        bias = torch.cat(biases) if biases[0] is not None else None
-        return torch.cat(weights), bias
-    if any(t.is_inference() for t in tensors):  # no version counter: cannot tell if they changed
-        bias = torch.cat(biases) if biases[0] is not None else None
-        return torch.cat(weights).detach(), None if bias is None else bias.detach()
-    key = tuple((t, t.data_ptr(), t._version, t.dtype, t.shape) for t in tensors)
-    hit = cache.get("fused")
-    if (
-        hit is not None
-        and len(hit[0]) == len(key)
-        and all(a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], key))
-    ):
-        return hit[1], hit[2]
-    with torch.no_grad():
-        weight = torch.cat([w.detach() for w in weights])
-        bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
-    # holding the source tensors keeps their storage alive, so a data_ptr is never reused
-    cache["fused"] = (key, weight, bias)
-    return weight, bias
+def _fused_weights(weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor | None, ...]):
+    def concat():
+        return torch.cat(weights), (torch.cat(biases) if biases[0] is not None else None)
+
+    def build():
+        weight, bias = concat()  # built under no_grad: plain tensors
+        return (weight, bias), weight.nbytes + (0 if bias is None else bias.nbytes)
+
+    # the packed-weight cache's staleness rules (tensor identity, storage, in-place version); it
+    # declines weights that need a gradient now, which are then concatenated on every call
+    sources = weights + tuple(b for b in biases if b is not None)
+    cached = cached_from_weights(sources, ("concat", len(weights)), build)
+    return concat() if cached is None else cached
 
 
 class RMSNorm(nn.Module):
@@ -227,7 +206,6 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.inv_freq = inv_freq  # plain fp32 tensor, not a buffer: dtype casts must not touch it
         self.scale = head_dim**-0.5
-        self._fused_cache = FusedWeightCache()
 
     def kv_cache_spec(self) -> tuple[int, int, int]:
         return self.num_kv_heads, self.head_dim, self.head_dim
@@ -235,7 +213,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         kern, tokens = ctx.kernels, x.shape[0]
         hq, hkv = self.num_heads, self.num_kv_heads
-        qkv = fused_linear(x, kern, (self.q_proj, self.k_proj, self.v_proj), self._fused_cache)
+        qkv = fused_linear(x, kern, (self.q_proj, self.k_proj, self.v_proj))
         if qkv is None:
             q = self.q_proj(x, kern).view(tokens, hq, self.head_dim)
             k = self.k_proj(x, kern).view(tokens, hkv, self.head_dim)
@@ -262,11 +240,10 @@ class GatedMLP(nn.Module):
         self.gate_proj = Linear(hidden_size, intermediate_size, False, "column", tp)
         self.up_proj = Linear(hidden_size, intermediate_size, False, "column", tp)
         self.down_proj = Linear(intermediate_size, hidden_size, False, "row", tp)
-        self._fused_cache = FusedWeightCache()
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         kern = ctx.kernels
-        gate_up = fused_linear(x, kern, (self.gate_proj, self.up_proj), self._fused_cache)
+        gate_up = fused_linear(x, kern, (self.gate_proj, self.up_proj))
         if gate_up is None:
             gate, up = self.gate_proj(x, kern), self.up_proj(x, kern)
         else:

@@ -153,6 +153,15 @@ def clear_packed_weights() -> None:
     _PACKED.clear()
 
 
+def cached_from_weights(
+    weights: tuple[torch.Tensor, ...], tag: tuple, build: Callable[[], tuple[object, int]]
+):
+    """Any value derived from ``weights`` (``build() -> (value, nbytes)``, run under no_grad),
+    held in the packed-weight cache under its staleness rules and byte budget (e.g. the models'
+    concatenated q/k/v weight); None when the weights may not be cached."""
+    return _PACKED.lookup(weights, tag, build)
+
+
 def _pack(plain: torch.Tensor, min_cols: int) -> tuple[torch.Tensor, int]:
     plain = plain.detach().contiguous()
     if plain.shape[0] < min_cols:
