@@ -3,11 +3,12 @@
 Each experiment folder with a ``launch.py`` is run as
 ``python experiments/<name>/launch.py --scale mini``; results land in
 ``results/reproduced/<name>/mini/`` (arms already done are skipped). Then the
+learnability suite (every env, several seeds) writes ``results/reproduced/learnability/``, and the
 benchmarks that published claims point at write ``results/reproduced/benchmarks/``.
 A failing step is reported and the others still run; the exit code is non-zero if
 any failed.
 
-    python scripts/reproduce_mini.py [--only NAME ...] [--no-benchmarks] [--quiet]
+    python scripts/reproduce_mini.py [--only NAME ...] [--no-benchmarks] [--no-learnability] [--quiet]
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="experiment folder names to run")
     parser.add_argument("--quiet", action="store_true", help="pass --quiet to each launcher")
     parser.add_argument("--no-benchmarks", action="store_true", help="skip benchmarks/*.py")
+    parser.add_argument("--no-learnability", action="store_true", help="skip scripts/learnability.py")
     args = parser.parse_args(argv)
     experiments = [p for p in discover() if args.only is None or p.name in args.only]
     quiet = ["--quiet"] if args.quiet else []
     steps = [(exp.name, [str(exp / "launch.py"), "--scale", "mini", *quiet]) for exp in experiments]
+    if not args.no_learnability and args.only is None:
+        steps.append(("learnability", ["scripts/learnability.py", *quiet]))
     if not args.no_benchmarks and args.only is None:
         b = ROOT / "results" / "reproduced" / "benchmarks"
         steps += [

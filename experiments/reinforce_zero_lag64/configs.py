@@ -3,10 +3,11 @@ policy lag 64; with standard kernels the IS weights' peak/median explodes (1.50x
 KL grows 83.33x, AIME pass@1 falls 34.27% -> 13.96%, and pre-clip grad norm peaks at 38.27
 (vs 0.0555 aligned).
 
-Mini stand-in: tiny-qwen3 on the arithmetic env (single-digit addition), 100 RL steps after an
-SFT warm start, at lag 0, 8 and 64 on the aligned stack and at lag 0 and 64 on default kernels
-("aligned" and "default" are the lag-64 arms the published comparison is about), plus the tool-use
-env at lag 64.
+Mini stand-in: tiny-qwen3 on the arithmetic env (two-digit addition, answered least-significant
+digit first), 100 RL steps after an SFT warm start, at lag 0, 8 and 64 on the aligned stack and at
+lag 0 and 64 on default kernels ("aligned" and "default" are the lag-64 arms the published comparison
+is about), plus the tool-use env at lag 64. Several seeds of the same set-ups: the learnability suite
+(``scripts/learnability.py``).
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
 
 
-# Learnability (issue 6, /work/notes/learnability.md): single-digit *addition* only, so held-out facts share
-# structure with training facts (commutativity, +0) instead of being unseen multiplication facts; a short
-# warm start (200 SFT steps) leaves headroom; 8 prompts x 8 samples and lr 1e-3 give RL enough signal.
-# Held-out pass@1 over 128 eval prompts (21 distinct facts), greedy and sampled (4 per prompt).
+# Learnability (docs/learnability.md): held-out single-digit facts cannot be inferred from training facts,
+# so RL could not raise their pass@1 (it fell in 3 of 4 seeds). Two-digit addition written units-first is a
+# rule the 2-layer model learns (held-out greedy pass@1 0.03 -> 0.53 over 1000 SFT steps at lr 1e-3), so
+# held-out problems share what RL reinforces. RL lr 1e-4: at 1e-3 the policy collapsed (0.53 -> 0.09).
+# Held-out pass@1 over 128 eval prompts, greedy and sampled (4 per prompt).
 def _base(**changes) -> RLConfig:
     return RLConfig(
         env="arithmetic", model="tiny-qwen3", algo="reinforce_zero", steps=100, prompts_per_step=8,
-        group_size=8, max_new_tokens=4, sft_steps=200, lr=1e-3, eval_size=128, eval_samples=4, seed=0,
-        env_options={"max_digits": 1, "ops": "+"},
+        group_size=8, max_new_tokens=4, sft_steps=1000, sft_lr=1e-3, lr=1e-4, eval_size=128, eval_samples=4,
+        seed=0, env_options={"max_digits": 2, "ops": "+", "answer_order": "lsd"},
     ).replace(**changes)  # fmt: skip
 
 
@@ -47,6 +49,7 @@ def mini() -> list[Arm]:
                 lr=3e-4,
                 max_new_tokens=24,
                 sft_steps=300,
+                sft_lr=3e-3,
                 eval_size=64,
                 eval_samples=2,
                 env_options={},

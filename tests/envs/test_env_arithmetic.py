@@ -44,3 +44,45 @@ def test_bad_configuration():
         ArithmeticEnv(ops="/")
     with pytest.raises(ValueError, match="digits"):
         ArithmeticEnv(max_digits=0)
+
+
+def test_least_significant_digit_first_answers():
+    env = ArithmeticEnv(max_digits=2, ops="+-", answer_order="lsd")
+    for seed in range(40):
+        env.reset(seed)
+        task = env.current_task
+        a, b, op = task.data["a"], task.data["b"], task.data["op"]
+        assert task.prompt == f"Q: {a}{op}{b}=\nA reversed: "
+        text = str(task.answer)
+        sign, digits = ("-", text[1:]) if text.startswith("-") else ("", text)
+        written = sign + digits[::-1]
+        assert env.score(f" {written}\n") == 1.0
+        env.reset(seed)
+        assert env.score(f"<answer>{written}</answer>") == 1.0
+        if written != text:  # the usual order is wrong unless the answer is a palindrome
+            env.reset(seed)
+            assert env.score(text) == 0.0
+
+
+def test_least_significant_digit_first_keeps_leading_zeros():
+    env = ArithmeticEnv(max_digits=2, ops="+", answer_order="lsd")
+    seed = next(s for s in range(500) if env.task(s).answer % 10 == 0 and env.task(s).answer >= 10)
+    task = env.task(seed)
+    env.reset(seed)
+    assert env.score(str(task.answer)[::-1]) == 1.0  # "03" for 30
+    env.reset(seed)
+    assert env.score(str(int(str(task.answer)[::-1]))) == 0.0  # "3" drops a digit
+    env.reset(seed)
+    assert env.score("") == 0.0
+
+
+def test_demonstrations_follow_the_answer_order():
+    for order in ("msd", "lsd"):
+        env = ArithmeticEnv(max_digits=2, ops="+", answer_order=order)
+        demos = env.demonstrations(20)  # replayed through step(): raises unless every one earns reward 1
+        assert len(demos) == 20
+
+
+def test_unknown_answer_order_is_one_clear_error():
+    with pytest.raises(ValueError, match="answer_order must be one of"):
+        ArithmeticEnv(answer_order="reversed")

@@ -50,7 +50,7 @@ def test_unavailable_actions_give_error_observations():
     env.step("<act>open menu</act>")
     env.step("<act>select settings</act>")
     assert "error: no field color" in env.step("<act>type color red</act>").observation
-    assert "error: invalid value for volume" in env.step("<act>type volume 7</act>").observation
+    assert "error: invalid value for volume" in env.step("<act>type volume 101</act>").observation
 
 
 def test_truncation_after_max_turns():

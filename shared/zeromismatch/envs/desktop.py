@@ -23,12 +23,23 @@ from zeromismatch.envs.base import Env, StepResult, Task
 
 __all__ = ["APPS", "DesktopEnv"]
 
+# Value sets are wide on purpose: with a few hundred distinct tasks a tiny policy memorises each
+# train task's answer instead of learning to copy field values from the prompt, and held-out tasks
+# (new combinations) stay unsolved (docs/learnability.md).
+_NAMES = (
+    "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "ken", "lena",
+    "mia", "nick", "olga", "paul", "quinn", "rosa", "sam", "tina", "uma", "victor", "wendy", "xena",
+)  # fmt: skip
+_SUBJECTS = (
+    "lunch", "report", "budget", "trip", "notes", "plan", "invoice", "draft", "review", "party", "demo",
+    "offer", "ticket", "memo", "agenda", "photos", "slides", "update", "visit", "order", "rent", "quiz",
+)  # fmt: skip
 APPS: dict[str, dict[str, tuple[str, ...]]] = {
-    "settings": {"volume": tuple(str(v) for v in range(0, 101, 5)), "theme": ("light", "dark")},
-    "mail": {"to": ("alice", "bob", "carol", "dave"), "subject": ("lunch", "report", "budget", "trip")},
+    "settings": {"volume": tuple(str(v) for v in range(101)), "theme": ("light", "dark")},
+    "mail": {"to": _NAMES, "subject": _SUBJECTS},
     "calendar": {"day": ("mon", "tue", "wed", "thu", "fri", "sat", "sun"),
                  "hour": tuple(str(h) for h in range(24))},
-}
+}  # fmt: skip
 _ACT = re.compile(r"\s*<act>(.*?)</act>\s*", re.DOTALL)
 
 

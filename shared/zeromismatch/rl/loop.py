@@ -96,7 +96,9 @@ def env_options(config: RLConfig) -> dict:
 
 
 def task_seeds_for_batch(config: RLConfig, batch_index: int) -> list[int]:
-    start = batch_index * config.prompts_per_step
+    """Train-split task seeds of RL batch ``batch_index``: past the ``sft_steps * sft_batch`` seeds the warm
+    start demonstrated, so RL reward is earned on prompts the policy was never shown the answer to."""
+    start = config.sft_steps * config.sft_batch + batch_index * config.prompts_per_step
     return list(range(start, start + config.prompts_per_step))
 
 
