@@ -20,7 +20,7 @@ def test_reaching_the_goal_earns_one_and_wrong_values_zero():
     env.step("<act>open menu</act>")
     env.step(f"<act>select {goal['app']}</act>")
     for field, value in goal["fields"].items():
-        env.step(f"<act>type {field} {value}</act>")
+        env.step(f"<act>type {field}={value}</act>")
     assert env.step("<act>submit</act>").reward == 1.0
 
     env.reset(0)
@@ -36,7 +36,7 @@ def test_reopening_an_app_resets_its_fields():
     env.step("<act>open menu</act>")
     env.step(f"<act>select {goal['app']}</act>")
     for field, value in goal["fields"].items():
-        env.step(f"<act>type {field} {value}</act>")
+        env.step(f"<act>type {field}={value}</act>")
     env.step("<act>back</act>")
     env.step(f"<act>select {goal['app']}</act>")
     assert env.step("<act>submit</act>").reward == 0.0
@@ -49,8 +49,8 @@ def test_unavailable_actions_give_error_observations():
     assert not result.done and result.observation.startswith("<obs>error: action not available here; desktop")
     env.step("<act>open menu</act>")
     env.step("<act>select settings</act>")
-    assert "error: no field color" in env.step("<act>type color red</act>").observation
-    assert "error: invalid value for volume" in env.step("<act>type volume 101</act>").observation
+    assert "error: no field color" in env.step("<act>type color=red</act>").observation
+    assert "error: invalid value for volume" in env.step("<act>type volume=101</act>").observation
 
 
 def test_truncation_after_max_turns():

@@ -1,7 +1,7 @@
 """Multi-step desktop env: screens, actions, a goal state, and injectable step latency (OSWorld stand-in).
 
 A state machine of screens. ``desktop`` -> (``open menu``) -> ``menu`` -> (``select APP``) -> an app
-screen with fields; on an app screen ``type FIELD VALUE`` sets a field, ``back`` returns to the menu
+screen with fields; on an app screen ``type FIELD=VALUE`` sets a field, ``back`` returns to the menu
 (fields reset when an app is reopened), ``submit`` ends the episode. The task names an app and the values
 some of its fields must hold; reward 1.0 iff ``submit`` is pressed in that app with those values, else 0.0
 (also 0.0 on truncation after ``max_turns`` actions).
@@ -25,7 +25,8 @@ __all__ = ["APPS", "DesktopEnv"]
 
 # Value sets are wide on purpose: with a few hundred distinct tasks a tiny policy memorises each
 # train task's answer instead of learning to copy field values from the prompt, and held-out tasks
-# (new combinations) stay unsolved (docs/learnability.md).
+# (new combinations) stay unsolved (docs/learnability.md). ``type FIELD=VALUE`` is written the way the task
+# states the goal (``to=dave``), so copying a value is matching the text before it, not translating it.
 _NAMES = (
     "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "ken", "lena",
     "mia", "nick", "olga", "paul", "quinn", "rosa", "sam", "tina", "uma", "victor", "wendy", "xena",
@@ -76,7 +77,7 @@ class DesktopEnv(Env):
             return ["open menu"]
         if screen == "menu":
             return [f"select {app}" for app in sorted(APPS)] + ["close"]
-        return [f"type {field} VALUE" for field in sorted(APPS[screen])] + ["back", "submit"]
+        return [f"type {field}=VALUE" for field in sorted(APPS[screen])] + ["back", "submit"]
 
     def _observe(self, screen: str, fields: dict[str, str] | None = None, error: str = "") -> str:
         shown = screen
@@ -113,8 +114,8 @@ class DesktopEnv(Env):
             fields_match = all(self._fields.get(f) == v for f, v in goal["fields"].items())
             reward = 1.0 if screen == goal["app"] and fields_match else 0.0
             return StepResult("", reward, True, {"submitted": dict(self._fields), "app": screen})
-        elif screen in APPS and len(command) == 3 and command[0] == "type":
-            field, value = command[1], command[2]
+        elif screen in APPS and len(command) == 2 and command[0] == "type" and "=" in command[1]:
+            field, value = command[1].split("=", 1)
             if field not in APPS[screen]:
                 error = f"no field {field}"
             elif value not in APPS[screen][field]:
@@ -128,5 +129,5 @@ class DesktopEnv(Env):
 
     def _demonstrate(self, task: Task) -> list[str]:
         goal = task.answer
-        typed = [f"<act>type {field} {value}</act>" for field, value in goal["fields"].items()]
+        typed = [f"<act>type {field}={value}</act>" for field, value in goal["fields"].items()]
         return ["<act>open menu</act>", f"<act>select {goal['app']}</act>", *typed, "<act>submit</act>"]
