@@ -82,3 +82,20 @@ def test_bad_configuration():
         DesktopEnv(step_latency_s=-1.0)
     with pytest.raises(ValueError, match="max_turns"):
         DesktopEnv(max_turns=2)
+
+
+def test_restate_goal_repeats_the_goal_on_app_screens_only():
+    plain, restating = DesktopEnv(), DesktopEnv(restate_goal=True)
+    for seed in range(20):
+        assert plain.reset(seed) == restating.reset(seed)  # same task, same prompt
+        goal = restating.current_task.answer
+        wanted = " ".join(f"{field}={value}" for field, value in goal["fields"].items())
+        for action in restating._demonstrate(restating.current_task):
+            shown, restated = plain.step(action), restating.step(action)
+            assert shown.reward == restated.reward
+            if restated.done:
+                assert restated.reward == 1.0
+                break
+            on_app = restated.info["screen"] == goal["app"]
+            assert restated.observation.endswith(f"; goal: {wanted}</obs>\n") == on_app
+            assert restated.observation.replace(f"; goal: {wanted}", "") == shown.observation

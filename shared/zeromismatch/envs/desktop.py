@@ -9,6 +9,12 @@ some of its fields must hold; reward 1.0 iff ``submit`` is pressed in that app w
 Each action is ``<act>ACTION</act>``; the env answers ``<obs>SCREEN; actions: ...</obs>\n`` (or an error
 observation for an action the screen does not offer -- the step is spent, the episode continues).
 
+``restate_goal=True`` repeats the goal's field values at the end of every app-screen observation
+(``; goal: to=dave subject=trip``), the way an agent harness re-shows the instruction with each
+screenshot: the value to type is then a few tokens back instead of at the top of the transcript. A
+2-layer character model trained 600 SFT steps on the plain env still typed wrong values on held-out
+tasks (``volume=10`` for ``volume=17``); see docs/learnability.md.
+
 ``step_latency_s`` sleeps inside every step to model the seconds an OSWorld step takes (S3 reports mean
 step times of 944.25 s aligned vs 884.17 s standard); the measured sleep is reported in ``info``.
 """
@@ -47,7 +53,7 @@ _ACT = re.compile(r"\s*<act>(.*?)</act>\s*", re.DOTALL)
 class DesktopEnv(Env):
     name = "desktop"
 
-    def __init__(self, max_turns: int = 10, step_latency_s: float = 0.0) -> None:
+    def __init__(self, max_turns: int = 10, step_latency_s: float = 0.0, restate_goal: bool = False) -> None:
         super().__init__()
         if max_turns < 4:
             raise ValueError(f"max_turns must be >= 4 (open, select, type, submit), got {max_turns}")
@@ -55,6 +61,8 @@ class DesktopEnv(Env):
             raise ValueError(f"step_latency_s must be in [0, 3600], got {step_latency_s}")
         self.max_turns = max_turns
         self.step_latency_s = float(step_latency_s)
+        self.restate_goal = bool(restate_goal)
+        self._goal_text = ""
         self._screen = "desktop"
         self._fields: dict[str, str] = {}
 
@@ -70,6 +78,7 @@ class DesktopEnv(Env):
     def _reset_state(self, task: Task) -> None:
         self._screen = "desktop"
         self._fields = {}
+        self._goal_text = " ".join(f"{field}={value}" for field, value in task.answer["fields"].items())
 
     @staticmethod
     def _actions(screen: str) -> list[str]:
@@ -84,7 +93,8 @@ class DesktopEnv(Env):
         if fields:
             shown += " " + " ".join(f"{name}={value}" for name, value in sorted(fields.items()))
         prefix = f"error: {error}; " if error else ""
-        return f"<obs>{prefix}{shown}; actions: {', '.join(self._actions(screen))}</obs>\n"
+        goal = f"; goal: {self._goal_text}" if self.restate_goal and screen in APPS else ""
+        return f"<obs>{prefix}{shown}; actions: {', '.join(self._actions(screen))}{goal}</obs>\n"
 
     def _step(self, task: Task, action: str) -> StepResult:
         started = time.perf_counter()
