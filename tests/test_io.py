@@ -41,3 +41,26 @@ def test_written_files_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_git_commit_is_dirty_for_code_changes_but_not_for_results(tmp_path):
+    import subprocess
+
+    from zeromismatch._provenance import git_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "pkg" / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "run.json").write_text("{}\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    clean = git_commit(tmp_path / "pkg")
+    assert len(clean) == 40
+    (tmp_path / "results" / "run.json").write_text('{"reward": 1}\n')  # a reproduction rewrote a result
+    assert git_commit(tmp_path / "pkg") == clean
+    (tmp_path / "pkg" / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path / "pkg") == clean + "-dirty"

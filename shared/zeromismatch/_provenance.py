@@ -15,14 +15,17 @@ _PACKAGES = ("torch", "numpy", "safetensors", "transformers", "ray", "submitit",
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str:
-    """The checkout's commit (with ``-dirty`` if it has uncommitted changes), or "unknown"."""
+    """The checkout's commit (with ``-dirty`` if its code has uncommitted changes), or "unknown".
+
+    ``results/`` is left out of the check: a reproduction writes there (and replaces the runs it
+    reruns), so counting it would mark every run after the first of ``make reproduce`` dirty."""
     where = Path(cwd) if cwd else Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(top,exclude)results"],
             cwd=where,
             capture_output=True,
             text=True,

@@ -76,7 +76,7 @@ def case_rows(root: Path) -> list[dict]:
                 "k3_kl_max": max(float(s.get("k3_kl_max_over_steps", 0.0)) for _, s, _ in runs),
             }
         )
-    return rows
+    return sorted(rows, key=lambda row: (row["env"], row["lag"], row["case"]))
 
 
 def learnability_lines(root: Path) -> list[str]:

@@ -53,7 +53,13 @@ _ACT = re.compile(r"\s*<act>(.*?)</act>\s*", re.DOTALL)
 class DesktopEnv(Env):
     name = "desktop"
 
-    def __init__(self, max_turns: int = 10, step_latency_s: float = 0.0, restate_goal: bool = False) -> None:
+    def __init__(
+        self,
+        max_turns: int = 10,
+        step_latency_s: float = 0.0,
+        restate_goal: bool = False,
+        list_actions: bool = True,
+    ) -> None:
         super().__init__()
         if max_turns < 4:
             raise ValueError(f"max_turns must be >= 4 (open, select, type, submit), got {max_turns}")
@@ -62,6 +68,7 @@ class DesktopEnv(Env):
         self.max_turns = max_turns
         self.step_latency_s = float(step_latency_s)
         self.restate_goal = bool(restate_goal)
+        self.list_actions = bool(list_actions)
         self._goal_text = ""
         self._screen = "desktop"
         self._fields: dict[str, str] = {}
@@ -94,7 +101,8 @@ class DesktopEnv(Env):
             shown += " " + " ".join(f"{name}={value}" for name, value in sorted(fields.items()))
         prefix = f"error: {error}; " if error else ""
         goal = f"; goal: {self._goal_text}" if self.restate_goal and screen in APPS else ""
-        return f"<obs>{prefix}{shown}; actions: {', '.join(self._actions(screen))}{goal}</obs>\n"
+        actions = f"; actions: {', '.join(self._actions(screen))}" if self.list_actions else ""
+        return f"<obs>{prefix}{shown}{actions}{goal}</obs>\n"
 
     def _step(self, task: Task, action: str) -> StepResult:
         started = time.perf_counter()
