@@ -84,10 +84,7 @@ def _field_order() -> list[str]:
 def _defaults() -> dict[str, Any]:
     from zeromismatch.rl import RLConfig
 
-    return {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        for f in dataclasses.fields(RLConfig)
-    }
+    return RLConfig().to_dict()
 
 
 def common_base(arms: list) -> dict[str, Any]:

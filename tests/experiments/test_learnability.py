@@ -69,7 +69,22 @@ def test_learns_needs_the_mean_and_a_majority_of_seeds(tmp_path):
     rows = {r["case"]: r for r in case_rows(tmp_path)}
     assert rows["lucky"]["raised_in"] == 1 and rows["lucky"]["learns"] is False
     assert rows["steady"]["raised_in"] == 2 and rows["steady"]["learns"] is True
-    assert rows["steady"]["sampled_per_seed"] == "0.20→0.30, 0.30→0.35, 0.30→0.25"
+    assert rows["steady"]["sampled"] == [(0.2, 0.3), (0.3, 0.35), (0.3, 0.25)]
+    assert "| 0.267 → 0.300 | 0.20→0.30, 0.30→0.35, 0.30→0.25 | 2/3 |" in "\n".join(
+        learnability_lines(tmp_path)
+    )
+
+
+def test_a_run_without_sampled_pass_at_1_is_one_clear_error(tmp_path):
+    from zeromismatch.audit import AuditInputError
+
+    _fake_run(tmp_path, "greedy_only", 0, 0.1, 0.2)
+    path = tmp_path / "reproduced" / "learnability" / "greedy_only" / "seed0" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["eval_sampled_pass_at_1_after"] = None  # what summarize() writes when eval_samples == 0
+    atomic_write_json(path, summary)
+    with pytest.raises(AuditInputError, match="greedy_only/seed0/summary.json: no sampled pass@1"):
+        case_rows(tmp_path)
 
 
 def test_no_runs_no_section(tmp_path):

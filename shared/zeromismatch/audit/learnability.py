@@ -10,53 +10,51 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .registry import read_json
+from .registry import AuditInputError, read_json
 
 SUITE = ("reproduced", "learnability")
 
 
-def _runs(case_dir: Path) -> list[tuple[int, dict, dict]]:
+SAMPLED = ("eval_sampled_pass_at_1_before", "eval_sampled_pass_at_1_after")
+
+
+def _runs(case_dir: Path) -> list[tuple[dict, dict]]:
+    """(summary, config) of each finished seed run of a case, by seed."""
     runs = []
     for seed_dir in sorted(case_dir.glob("seed*")):
         summary_path, config_path = seed_dir / "summary.json", seed_dir / "config.json"
         if not summary_path.is_file() or not config_path.is_file():
             continue
         summary = read_json(summary_path, "learnability summary")
-        config = read_json(config_path, "learnability config")
-        runs.append((int(config.get("seed", seed_dir.name.removeprefix("seed"))), summary, config))
-    return sorted(runs, key=lambda run: run[0])
+        if any(summary.get(key) is None for key in SAMPLED):
+            raise AuditInputError(
+                f"{summary_path}: no sampled pass@1 (the suite's runs need eval_samples > 0)"
+            )
+        runs.append((summary, read_json(config_path, "learnability config")))
+    return sorted(runs, key=lambda run: run[1]["seed"])
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _pair(runs, before: str, after: str) -> tuple[str, str, int]:
-    b = [float(s[before]) for _, s, _ in runs]
-    a = [float(s[after]) for _, s, _ in runs]
-    raised = sum(y > x for x, y in zip(b, a))
-    per_seed = ", ".join(f"{x:.2f}→{y:.2f}" for x, y in zip(b, a))
-    return f"{_mean(b):.3f} → {_mean(a):.3f}", per_seed, raised
+def _before_after(runs, before: str, after: str) -> list[tuple[float, float]]:
+    return [(float(summary[before]), float(summary[after])) for summary, _ in runs]
 
 
 def case_rows(root: Path) -> list[dict]:
-    """One dict per case with its aggregated numbers (what the table shows), for tests and reuse."""
+    """One dict per case with its numbers: before/after pairs per seed (in seed order) and their means."""
     suite = root.joinpath(*SUITE)
-    rows = []
     if not suite.is_dir():
-        return rows
+        return []
+    rows = []
     for case_dir in sorted(p for p in suite.iterdir() if p.is_dir() and not p.name.startswith(".")):
         runs = _runs(case_dir)
-        if not runs or any("eval_sampled_pass_at_1_after" not in s for _, s, _ in runs):
+        if not runs:
             continue
-        greedy, greedy_seeds, _ = _pair(runs, "eval_pass_at_1_before", "eval_pass_at_1_after")
-        sampled, sampled_seeds, raised = _pair(
-            runs, "eval_sampled_pass_at_1_before", "eval_sampled_pass_at_1_after"
-        )
-        reward, _, _ = _pair(runs, "reward_mean_first_fifth", "reward_mean_last_fifth")
-        before = _mean([float(s["eval_sampled_pass_at_1_before"]) for _, s, _ in runs])
-        after = _mean([float(s["eval_sampled_pass_at_1_after"]) for _, s, _ in runs])
-        config = runs[0][2]
+        sampled = _before_after(runs, *SAMPLED)
+        raised = sum(after > before for before, after in sampled)
+        config = runs[0][1]
         rows.append(
             {
                 "case": case_dir.name,
@@ -65,18 +63,25 @@ def case_rows(root: Path) -> list[dict]:
                 "lag": config["lag"],
                 "kernels": config["kernels"],
                 "steps": config["steps"],
-                "seeds": [seed for seed, _, _ in runs],
-                "greedy": greedy,
-                "greedy_per_seed": greedy_seeds,
+                "seeds": [run_config["seed"] for _, run_config in runs],
+                "greedy": _before_after(runs, "eval_pass_at_1_before", "eval_pass_at_1_after"),
                 "sampled": sampled,
-                "sampled_per_seed": sampled_seeds,
-                "train_reward": reward,
+                "train_reward": _before_after(runs, "reward_mean_first_fifth", "reward_mean_last_fifth"),
                 "raised_in": raised,
-                "learns": after > before and raised * 2 > len(runs),
-                "k3_kl_max": max(float(s.get("k3_kl_max_over_steps", 0.0)) for _, s, _ in runs),
+                "learns": _mean([a for _, a in sampled]) > _mean([b for b, _ in sampled])
+                and 2 * raised > len(runs),
+                "k3_kl_max": max(float(summary["k3_kl_max_over_steps"]) for summary, _ in runs),
             }
         )
     return sorted(rows, key=lambda row: (row["env"], row["lag"], row["case"]))
+
+
+def _means(pairs: list[tuple[float, float]]) -> str:
+    return f"{_mean([b for b, _ in pairs]):.3f} → {_mean([a for _, a in pairs]):.3f}"
+
+
+def _per_seed(pairs: list[tuple[float, float]]) -> str:
+    return ", ".join(f"{before:.2f}→{after:.2f}" for before, after in pairs)
 
 
 def learnability_lines(root: Path) -> list[str]:
@@ -99,8 +104,9 @@ def learnability_lines(root: Path) -> list[str]:
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['env']} | {r['model']} | {r['lag']} | {r['steps']} | "
-            f"{','.join(map(str, r['seeds']))} | {r['greedy']} | {r['sampled']} | {r['sampled_per_seed']} | "
-            f"{r['raised_in']}/{len(r['seeds'])} | {r['train_reward']} | {r['k3_kl_max']:.1e} | "
+            f"{','.join(map(str, r['seeds']))} | {_means(r['greedy'])} | {_means(r['sampled'])} | "
+            f"{_per_seed(r['sampled'])} | {r['raised_in']}/{len(r['seeds'])} | {_means(r['train_reward'])} | "
+            f"{r['k3_kl_max']:.1e} | "
             f"{'yes' if r['learns'] else 'no'} |"
         )
     return lines

@@ -28,12 +28,16 @@ _INTEGER = re.compile(r"-?\d{1,40}")
 _WRAPPED = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
 
 
-def parse_integer_answer(response: str) -> int | None:
-    """The integer a response states, or None. Accepts "85" or "<answer>85</answer>"."""
+def stated_text(response: str) -> str:
+    """What a response states: the text, stripped, or what an ``<answer>...</answer>`` wrapper holds."""
     text = response.strip()
     wrapped = _WRAPPED.fullmatch(text)
-    if wrapped:
-        text = wrapped.group(1)
+    return wrapped.group(1) if wrapped else text
+
+
+def parse_integer_answer(response: str) -> int | None:
+    """The integer a response states, or None. Accepts "85" or "<answer>85</answer>"."""
+    text = stated_text(response)
     return int(text) if _INTEGER.fullmatch(text) else None
 
 
@@ -81,9 +85,7 @@ class ArithmeticEnv(Env):
     def _step(self, task: Task, action: str) -> StepResult:
         if self.answer_order == "lsd":
             # the reversed form is compared as text: its leading zeros are digits of the answer
-            text = action.strip()
-            wrapped = _WRAPPED.fullmatch(text)
-            stated = (wrapped.group(1) if wrapped else text) or None
+            stated = stated_text(action) or None
             reward = 1.0 if stated == self._written(task.answer) else 0.0
         else:
             stated = parse_integer_answer(action)
