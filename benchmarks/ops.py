@@ -65,18 +65,20 @@ def dense_cases() -> list[OpCase]:
                         lambda ks, x, w: ks.linear(x, w),
                     )
                 )
-        for m in (1, 16, 512):
-            cases.append(
-                _case(
-                    "row_parallel_linear",
-                    f"TP1 V=4 M={m} K=1024 N=1024 {dt}",
-                    lambda m=m, dtype=dtype: (
-                        _rand(m, 1024, dtype=dtype),
-                        _rand(1024, 1024, dtype=dtype, seed=1),
-                    ),
-                    lambda ks, x, w: ks.row_parallel_linear(x, w),
+        # hidden 256 (o_proj of 4 heads x 64) and hidden 1024
+        for k, n in ((256, 256), (1024, 1024)):
+            for m in (1, 16, 512):
+                cases.append(
+                    _case(
+                        "row_parallel_linear",
+                        f"TP1 V=4 M={m} K={k} N={n} {dt}",
+                        lambda m=m, k=k, n=n, dtype=dtype: (
+                            _rand(m, k, dtype=dtype),
+                            _rand(n, k, dtype=dtype, seed=1),
+                        ),
+                        lambda ks, x, w: ks.row_parallel_linear(x, w),
+                    )
                 )
-            )
         for h in (256, 1024):
             for m in (1, 64, 512):
                 cases.append(

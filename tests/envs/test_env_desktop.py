@@ -99,3 +99,36 @@ def test_restate_goal_repeats_the_goal_on_app_screens_only():
             on_app = restated.info["screen"] == goal["app"]
             assert restated.observation.endswith(f"; goal: {wanted}</obs>\n") == on_app
             assert restated.observation.replace(f"; goal: {wanted}", "") == shown.observation
+
+
+def test_free_text_values_are_drawn_per_task_and_copying_them_is_rewarded():
+    env = DesktopEnv(free_text=True)
+    mail_values, drawn = set(), 0
+    for seed in range(200):
+        env.reset(seed)
+        goal = _goal(env)
+        for field, value in goal["fields"].items():
+            if field in ("to", "subject"):
+                assert value.isalpha() and value.islower() and 3 <= len(value) <= 6
+                mail_values.add(value)
+                drawn += 1
+        rewards = [env.step(action).reward for action in env._demonstrate(env.current_task)]
+        assert rewards[-1] == 1.0
+    assert drawn > 50 and len(mail_values) > 0.9 * drawn  # not a fixed list: almost never repeated
+
+
+def test_free_text_accepts_any_short_lowercase_word_and_rejects_others():
+    env = DesktopEnv(free_text=True)
+    seed = next(s for s in range(100) if DesktopEnv(free_text=True).task(s).answer["app"] == "mail")
+    env.reset(seed)
+    env.step("<act>open menu</act>")
+    env.step("<act>select mail</act>")
+    assert "error" not in env.step("<act>type to=zzz</act>").observation
+    assert "invalid value for to" in env.step("<act>type to=Zed9</act>").observation
+    assert "invalid value for subject" in env.step("<act>type subject=abcdefghi</act>").observation
+    assert env.step("<act>submit</act>").reward == 0.0  # typed values are not the task's
+
+
+def test_free_text_off_keeps_the_fixed_value_sets():
+    plain = DesktopEnv()
+    assert all(plain.reset(seed) == DesktopEnv(free_text=False).reset(seed) for seed in range(20))

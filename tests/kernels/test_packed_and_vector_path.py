@@ -12,7 +12,8 @@ vector-path elementwise ops (and the in-place row-parallel tree), exact, at 1 an
   call; dead weights leave the cache; inference tensors and weights under autograd are not
   cached; writes through ``.data`` are not seen until ``clear_packed_weights()`` (the
   documented caveat, recorded here).
-- ``row_invariant_pieces`` == per-piece ``row_invariant_linear``; ``tree_sum_fp32_`` ==
+- ``row_invariant_pieces`` == one call per piece (``row_invariant_linear``, or for small fp32
+  pieces ``batched_pieces`` of that piece alone; tests/kernels/test_batched_pieces.py); ``tree_sum_fp32_`` ==
   ``tree_sum`` of the upcast partials.
 """
 
@@ -231,6 +232,12 @@ def test_budget_evicts_least_recently_used():
 
 
 # ---- row-parallel pieces and the in-place tree ----------------------------------------------
+def _one_piece(x_piece, w_piece):
+    if gemm.uses_batched_pieces(x_piece.shape[1], w_piece.shape[0], x_piece.dtype):
+        return gemm.batched_pieces(x_piece, w_piece, 1)[0]
+    return gemm.row_invariant_linear(x_piece, w_piece)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     m=st.integers(1, 20),
@@ -248,8 +255,7 @@ def test_row_invariant_pieces_equal_per_piece_gemms(m, k8, n, pieces, dtype, see
         batched = gemm.row_invariant_pieces(x, w, pieces)
         with _cache_budget(0):
             one_by_one = [
-                gemm.row_invariant_linear(x[:, j * p : (j + 1) * p], w[:, j * p : (j + 1) * p])
-                for j in range(pieces)
+                _one_piece(x[:, j * p : (j + 1) * p], w[:, j * p : (j + 1) * p]) for j in range(pieces)
             ]
     assert all(torch.equal(a, b) for a, b in zip(batched, one_by_one))
     parts = [b.clone() for b in batched]

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zeromismatch.kernels import collectives, get_kernels
-from zeromismatch.kernels.aligned.gemm import row_invariant_linear
+from zeromismatch.kernels.aligned.gemm import row_invariant_pieces
 
 ALIGNED = get_kernels("aligned")
 DEFAULT = get_kernels("default")
@@ -40,7 +40,7 @@ def _aligned_row_parallel_simulated(x, w, degree, virtual_shards):
     for rank in range(degree):
         x_r, w_r = collectives.shard_rows(x, w, degree, rank)
         local = collectives.check_virtual_shards(x_r.shape[-1], degree, virtual_shards)
-        pieces += collectives.virtual_shard_partials(x_r, w_r, local, row_invariant_linear)
+        pieces += [p.float() for p in row_invariant_pieces(x_r, w_r, local)]
     return collectives.tree_sum(pieces).to(x.dtype)
 
 
@@ -138,6 +138,8 @@ def test_tree_sum_order_is_fixed_pairwise():
 
 
 # ---- one real two-process gloo run ---------------------------------------------------
+# K = 1024: at K = 256 and one thread the default's two half-K GEMMs happen to sum to the TP 1 bits,
+# which would leave the inverse assertion below to chance
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -151,7 +153,7 @@ def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         results = {}
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            x, w = _randn((5, 256), dtype, 11), _randn((48, 256), dtype, 12)
+            x, w = _randn((5, 1024), dtype, 11), _randn((48, 1024), dtype, 12)
             bias = _randn((48,), dtype, 13)
             x_r, w_r = collectives.shard_rows(x, w, world, rank)
             group = dist.group.WORLD
@@ -174,7 +176,7 @@ def test_gloo_world_size_2_matches_tp1():
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
     default_differs = False
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        x, w, bias = _randn((5, 256), dtype, 11), _randn((48, 256), dtype, 12), _randn((48,), dtype, 13)
+        x, w, bias = _randn((5, 1024), dtype, 11), _randn((48, 1024), dtype, 12), _randn((48,), dtype, 13)
         tp1 = ALIGNED.row_parallel_linear(x, w, bias, virtual_shards=4)
         for res in ranks:
             assert torch.equal(res[f"aligned_row_{name}"], tp1)

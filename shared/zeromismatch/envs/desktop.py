@@ -15,6 +15,13 @@ screenshot: the value to type is then a few tokens back instead of at the top of
 2-layer character model trained 600 SFT steps on the plain env still typed wrong values on held-out
 tasks (``volume=10`` for ``volume=17``); see docs/learnability.md.
 
+``free_text=True`` makes mail's ``to`` and ``subject`` free text: each task draws them as random
+lowercase words of 3-6 letters (any 1-8 letters are valid to type). With the fixed value sets there are
+about 1,100 distinct tasks, so a few hundred SFT steps demonstrate every train task many times and the
+policy can answer train tasks from memory; RL then raises train reward without raising held-out pass@1
+(docs/learnability.md). With free text no two tasks repeat and the only way to a reward is to copy the
+values from the task, the same skill on train and held-out tasks.
+
 ``step_latency_s`` sleeps inside every step to model the seconds an OSWorld step takes (S3 reports mean
 step times of 944.25 s aligned vs 884.17 s standard); the measured sleep is reported in ``info``.
 """
@@ -48,6 +55,9 @@ APPS: dict[str, dict[str, tuple[str, ...]]] = {
                  "hour": tuple(str(h) for h in range(24))},
 }  # fmt: skip
 _ACT = re.compile(r"\s*<act>(.*?)</act>\s*", re.DOTALL)
+_FREE_TEXT_FIELDS = frozenset({"to", "subject"})
+_FREE_TEXT = re.compile(r"[a-z]{1,8}")
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 class DesktopEnv(Env):
@@ -59,6 +69,7 @@ class DesktopEnv(Env):
         step_latency_s: float = 0.0,
         restate_goal: bool = False,
         list_actions: bool = True,
+        free_text: bool = False,
     ) -> None:
         super().__init__()
         if max_turns < 4:
@@ -69,6 +80,7 @@ class DesktopEnv(Env):
         self.step_latency_s = float(step_latency_s)
         self.restate_goal = bool(restate_goal)
         self.list_actions = bool(list_actions)
+        self.free_text = bool(free_text)
         self._goal_text = ""
         self._screen = "desktop"
         self._fields: dict[str, str] = {}
@@ -77,10 +89,20 @@ class DesktopEnv(Env):
         app = rng.choice(sorted(APPS))
         names = sorted(APPS[app])
         chosen = sorted(rng.sample(names, rng.randint(1, len(names))))
-        goal = {field: rng.choice(APPS[app][field]) for field in chosen}
+        goal = {field: self._draw_value(rng, app, field) for field in chosen}
         wanted = " ".join(f"{field}={value}" for field, value in goal.items())
         prompt = f"Task: in {app} set {wanted} then submit.\n{self._observe('desktop')}"
         return Task(prompt=prompt, answer={"app": app, "fields": goal})
+
+    def _draw_value(self, rng: random.Random, app: str, field: str) -> str:
+        if self.free_text and field in _FREE_TEXT_FIELDS:
+            return "".join(rng.choice(_LETTERS) for _ in range(rng.randint(3, 6)))
+        return rng.choice(APPS[app][field])
+
+    def _valid_value(self, field: str, value: str) -> bool:
+        if self.free_text and field in _FREE_TEXT_FIELDS:
+            return _FREE_TEXT.fullmatch(value) is not None
+        return value in APPS[self._screen][field]
 
     def _reset_state(self, task: Task) -> None:
         self._screen = "desktop"
@@ -136,7 +158,7 @@ class DesktopEnv(Env):
             field, value = command[1].split("=", 1)
             if field not in APPS[screen]:
                 error = f"no field {field}"
-            elif value not in APPS[screen][field]:
+            elif not self._valid_value(field, value):
                 error = f"invalid value for {field}"
             else:
                 self._fields[field] = value

@@ -123,15 +123,19 @@ def virtual_shard_reduce(
 ) -> torch.Tensor:
     """Full ``x @ W.T`` (fp32) from this rank's K slice, identical bits at every TP degree.
 
-    ``gemm_pieces(x, w, pieces)``, if given, must return exactly
-    ``[gemm(x[:, piece j], w[:, piece j]) for j]`` (a faster batched form of the same calls)."""
+    ``gemm_pieces(x, w, pieces)``, if given, computes this rank's partials instead of one ``gemm``
+    per piece, at every degree and in autograd too (so it may choose its kernel from the piece
+    shape, never from the degree); per piece it must give the bits of a call on that piece alone."""
     degree = world_size(group)
     local_pieces = check_virtual_shards(x_local.shape[1], degree, virtual_shards)
-    if group is None and gemm_pieces is not None and not _needs_grad(x_local, weight_local):
-        # TP 1 without autograd: the same partials and the same tree, summed in place
-        return tree_sum_fp32_(gemm_pieces(x_local, weight_local, local_pieces))
-    partials = virtual_shard_partials(x_local, weight_local, local_pieces, gemm)
-    return tree_sum(gather_partials(partials, group))
+    if gemm_pieces is None:
+        partials = virtual_shard_partials(x_local, weight_local, local_pieces, gemm)
+    else:
+        partials = gemm_pieces(x_local, weight_local, local_pieces)
+    if group is None and not _needs_grad(x_local, weight_local):
+        # TP 1 without autograd: the same tree, summed in place
+        return tree_sum_fp32_(partials)
+    return tree_sum(gather_partials([p.float() for p in partials], group))
 
 
 def shard_columns(weight: torch.Tensor, degree: int, rank: int) -> torch.Tensor:

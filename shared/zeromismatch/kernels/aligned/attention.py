@@ -430,12 +430,17 @@ def _attend_group(q, k_rows, v_rows, hkv, plan: _GroupPlan, scale, out, reuse: b
     out.index_copy_(0, plan.out_tokens, picked)
 
 
-def _gather_rows(src: torch.Tensor, index: torch.Tensor, name: str, reuse: bool) -> torch.Tensor:
-    """``src[index]`` (rows), into a reused buffer when allowed (``out=`` has no autograd)."""
+def gather_rows_reusing_buffer(src: torch.Tensor, index: torch.Tensor, name: str, reuse: bool):
+    """``src[index]`` (rows), into a per-thread buffer reused across calls when allowed (``out=``
+    has no autograd; the result is overwritten by the next call with the same ``name``). A speed
+    device only: the default set's decode uses it too, so neither side pays fresh page faults."""
     if not reuse:
         return torch.index_select(src, 0, index)
     buf = _scratch(name, (index.numel(), src.shape[1]), src.dtype, src.device, True)
     return torch.index_select(src, 0, index, out=buf)
+
+
+_gather_rows = gather_rows_reusing_buffer
 
 
 def _per_head_matmul(name: str, a, b, shape, reuse: bool) -> torch.Tensor:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..aligned.attention import gather_rows_reusing_buffer as _gather_rows
 from ..aligned.moe import check_experts
 from ..aligned.ssm import check_conv, check_scan
 
@@ -107,8 +108,11 @@ def _decode(q, k_src, v_src, cu_q, kv_lens, slots, scale, seqs, out) -> None:
     beyond = pos[None, :] >= lens[:, None]  # [B, L]
     idx = slots(seq_t, pos).masked_fill(beyond, 0)
     flat = idx.flatten()  # one contiguous-row gather each (index_select beats k_src[idx] here)
-    keys = torch.index_select(k_src.reshape(k_src.shape[0], -1), 0, flat).view(*idx.shape, hkv, dqk)
-    vals = torch.index_select(v_src.reshape(v_src.shape[0], -1), 0, flat).view(*idx.shape, hkv, -1)
+    reuse = not (torch.is_grad_enabled() and (q.requires_grad or k_src.requires_grad or v_src.requires_grad))
+    # reused gather buffers, as the aligned set has: fresh multi-MB buffers pay a page fault per page
+    keys = _gather_rows(k_src.reshape(k_src.shape[0], -1), flat, "default_keys", reuse)
+    vals = _gather_rows(v_src.reshape(v_src.shape[0], -1), flat, "default_values", reuse)
+    keys, vals = keys.view(*idx.shape, hkv, dqk), vals.view(*idx.shape, hkv, -1)
     keys = keys.permute(0, 2, 3, 1)  # [B, Hkv, D, L]
     # stale cache contents past kv_len must not reach P@V (0 * nan = nan)
     vals = vals.masked_fill_(beyond[:, :, None, None], 0).transpose(1, 2)  # [B, Hkv, L, Dv]
