@@ -48,37 +48,34 @@ def _case(name, desc, make, fn):
     return OpCase(name, desc, make, lambda inp: fn(ALIGNED, *inp), lambda inp: fn(DEFAULT, *inp))
 
 
+def _gemm_cases(name, prefix, dt, shapes, rows, fn) -> list[OpCase]:
+    """One case per (K, N) in ``shapes`` and M in ``rows``: x [M, K], weight [N, K] in dtype ``dt``."""
+    dtype = DT[dt]
+    return [
+        _case(
+            name,
+            f"{prefix}M={m} K={k} N={n} {dt}",
+            lambda m=m, k=k, n=n: (_rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype, seed=1)),
+            fn,
+        )
+        for k, n in shapes
+        for m in rows
+    ]
+
+
 def dense_cases() -> list[OpCase]:
     cases: list[OpCase] = []
     for dt in ("fp32", "bf16"):
         dtype = DT[dt]
-        for k, n in ((256, 256), (1024, 1024), (1024, 3072), (3072, 1024)):
-            for m in (1, 4, 16, 64, 512):
-                cases.append(
-                    _case(
-                        "linear",
-                        f"M={m} K={k} N={n} {dt}",
-                        lambda m=m, k=k, n=n, dtype=dtype: (
-                            _rand(m, k, dtype=dtype),
-                            _rand(n, k, dtype=dtype, seed=1),
-                        ),
-                        lambda ks, x, w: ks.linear(x, w),
-                    )
-                )
+        cases += _gemm_cases(
+            "linear", "", dt, ((256, 256), (1024, 1024), (1024, 3072), (3072, 1024)), (1, 4, 16, 64, 512),
+            lambda ks, x, w: ks.linear(x, w),
+        )  # fmt: skip
         # hidden 256 (o_proj of 4 heads x 64) and hidden 1024
-        for k, n in ((256, 256), (1024, 1024)):
-            for m in (1, 16, 512):
-                cases.append(
-                    _case(
-                        "row_parallel_linear",
-                        f"TP1 V=4 M={m} K={k} N={n} {dt}",
-                        lambda m=m, k=k, n=n, dtype=dtype: (
-                            _rand(m, k, dtype=dtype),
-                            _rand(n, k, dtype=dtype, seed=1),
-                        ),
-                        lambda ks, x, w: ks.row_parallel_linear(x, w),
-                    )
-                )
+        cases += _gemm_cases(
+            "row_parallel_linear", "TP1 V=4 ", dt, ((256, 256), (1024, 1024)), (1, 16, 512),
+            lambda ks, x, w: ks.row_parallel_linear(x, w),
+        )  # fmt: skip
         for h in (256, 1024):
             for m in (1, 64, 512):
                 cases.append(

@@ -10,27 +10,16 @@ same batched GEMM without the row padding gives a row different bits at some M.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_helpers import torch_threads as _threads
 
 from zeromismatch.kernels import get_kernels
 from zeromismatch.kernels.aligned import gemm
 
 ALIGNED = get_kernels("aligned")
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def _randn(shape, seed):

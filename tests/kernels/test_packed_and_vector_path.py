@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_helpers import torch_threads as _threads
 
 from zeromismatch.kernels import collectives, get_kernels
 from zeromismatch.kernels.aligned import dense, gemm
@@ -33,16 +34,6 @@ from zeromismatch.kernels.aligned import dense, gemm
 ALIGNED = get_kernels("aligned")
 DEFAULT = get_kernels("default")
 OPS = {"silu": F.silu, "sigmoid": torch.sigmoid, "softplus": F.softplus}
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @contextlib.contextmanager
