@@ -78,20 +78,6 @@ def check_virtual_shards(k_local: int, degree: int, virtual_shards: int) -> int:
     return local_pieces
 
 
-def virtual_shard_partials(
-    x_local: torch.Tensor,
-    weight_local: torch.Tensor,
-    local_pieces: int,
-    gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-) -> list[torch.Tensor]:
-    """fp32 partial products ``[M, N]`` of this rank's pieces, in piece order."""
-    piece = x_local.shape[1] // local_pieces
-    return [
-        gemm(x_local[:, j * piece : (j + 1) * piece], weight_local[:, j * piece : (j + 1) * piece]).float()
-        for j in range(local_pieces)
-    ]
-
-
 def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -118,20 +104,17 @@ def virtual_shard_reduce(
     weight_local: torch.Tensor,
     group,
     virtual_shards: int,
-    gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    gemm_pieces: Callable[[torch.Tensor, torch.Tensor, int], list[torch.Tensor]] | None = None,
+    gemm_pieces: Callable[[torch.Tensor, torch.Tensor, int], list[torch.Tensor]],
 ) -> torch.Tensor:
     """Full ``x @ W.T`` (fp32) from this rank's K slice, identical bits at every TP degree.
 
-    ``gemm_pieces(x, w, pieces)``, if given, computes this rank's partials instead of one ``gemm``
-    per piece, at every degree and in autograd too (so it may choose its kernel from the piece
-    shape, never from the degree); per piece it must give the bits of a call on that piece alone."""
+    ``gemm_pieces(x, w, pieces)`` returns this rank's partials ``[M, N]`` for ``pieces`` equal
+    K-slices, in piece order; it runs at every degree and in autograd, so it may choose its kernel
+    from the piece shape, never from the degree, and per piece it must give the bits of a call on
+    that piece alone."""
     degree = world_size(group)
     local_pieces = check_virtual_shards(x_local.shape[1], degree, virtual_shards)
-    if gemm_pieces is None:
-        partials = virtual_shard_partials(x_local, weight_local, local_pieces, gemm)
-    else:
-        partials = gemm_pieces(x_local, weight_local, local_pieces)
+    partials = gemm_pieces(x_local, weight_local, local_pieces)
     if group is None and not _needs_grad(x_local, weight_local):
         # TP 1 without autograd: the same tree, summed in place
         return tree_sum_fp32_(partials)
@@ -162,7 +145,6 @@ __all__ = [
     "shard_rows",
     "tree_sum",
     "tree_sum_fp32_",
-    "virtual_shard_partials",
     "virtual_shard_reduce",
     "world_size",
 ]

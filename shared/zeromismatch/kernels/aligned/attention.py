@@ -395,13 +395,13 @@ def _attend_group(q, k_rows, v_rows, hkv, plan: _GroupPlan, scale, out, reuse: b
         q_rows = q_rows.to(torch.float32, memory_format=torch.contiguous_format)
     q_rows = q_rows.view(hkv, nseq, rows, dqk)
 
-    keys = _gather_rows(k_rows, plan.kv_rows, "keys", reuse).to(torch.float32)
+    keys = gather_rows_reusing_buffer(k_rows, plan.kv_rows, "keys", reuse).to(torch.float32)
     keys = keys.view(nseq, plan.n_blocks, KEY_BLOCK, hkv, dqk)
     # values get a ones column per head: P @ [V | 1] yields each block's probability sum from the
     # same GEMM; values past kv_len are zeroed (stale cache slots may hold nan: 0 * nan = nan)
     n_pos = plan.kv_rows.numel()
     vals = _scratch("values", (n_pos, hkv, dv + 1), torch.float32, q.device, reuse)
-    gathered = _gather_rows(v_rows, plan.kv_rows, "gathered_values", reuse)
+    gathered = gather_rows_reusing_buffer(v_rows, plan.kv_rows, "gathered_values", reuse)
     vals[:, :, :dv].copy_(gathered.view(n_pos, hkv, dv))
     if plan.invalid_rows is not None:  # (measured faster than a masked copy or a where)
         vals.index_fill_(0, plan.invalid_rows, 0.0)
@@ -438,9 +438,6 @@ def gather_rows_reusing_buffer(src: torch.Tensor, index: torch.Tensor, name: str
         return torch.index_select(src, 0, index)
     buf = _scratch(name, (index.numel(), src.shape[1]), src.dtype, src.device, True)
     return torch.index_select(src, 0, index, out=buf)
-
-
-_gather_rows = gather_rows_reusing_buffer
 
 
 def _per_head_matmul(name: str, a, b, shape, reuse: bool) -> torch.Tensor:

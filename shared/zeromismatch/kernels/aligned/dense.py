@@ -67,9 +67,7 @@ def row_parallel_linear(
 ) -> torch.Tensor:
     _check_linear(x_local, weight_local, None)
     x2d = x_local.reshape(-1, x_local.shape[-1])
-    out = collectives.virtual_shard_reduce(
-        x2d, weight_local, group, virtual_shards, row_invariant_linear, row_invariant_pieces
-    )
+    out = collectives.virtual_shard_reduce(x2d, weight_local, group, virtual_shards, row_invariant_pieces)
     out = out.to(x_local.dtype)
     if bias is not None:
         out = out + bias

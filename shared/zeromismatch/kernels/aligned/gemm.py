@@ -354,7 +354,7 @@ def batched_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -> torc
 
 
 def row_invariant_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -> list[torch.Tensor]:
-    """The fp32 partial products of ``pieces`` equal K-slices, in piece order, each with row
+    """The partial products (in x's dtype) of ``pieces`` equal K-slices, in piece order, each with row
     invariance: small fp32 pieces from ``batched_pieces``, all others exactly
     ``[row_invariant_linear(x2d[:, piece j], weight[:, piece j]) for j]`` with the row padding,
     the slicing of x and the packed-weight lookup done once for all pieces."""
@@ -368,11 +368,7 @@ def row_invariant_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -
     m, n = x2d.shape[0], weight.shape[0]
     packed = None
     if (
-        x2d.dim() == 2
-        and m > 0
-        and x2d.dtype == weight.dtype
-        and weight.dim() == 2
-        and x2d.shape[1] == weight.shape[1] == k * pieces
+        m > 0
         and n >= ONEDNN_MIN_COLS
         and _packable(x2d)
         and not (torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad))
