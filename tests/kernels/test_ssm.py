@@ -101,6 +101,27 @@ def test_scan_one_call_equals_any_chunking_and_token_by_token(shape, chunk, data
     assert torch.equal(torch.cat(ys), y_all) and torch.equal(state, h_all)
 
 
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_batched_decode_step_equals_general_path(dtype):
+    """Every sequence with one token takes a shortcut (no padding, grouped views of B and C);
+    an empty sequence in the batch sends the same tokens through the general path."""
+    gen = torch.Generator().manual_seed(3)
+    x, dt, B, C, p = _scan_inputs(gen, 5, 4, 8, 2, 16, DTYPES[dtype])
+    state = torch.randn(5, 4, 8, 16, generator=gen)
+    y_fast, h_fast = _scan(ALIGNED, x, dt, B, C, p, _cu([1] * 5), state)
+    with_empty = torch.cat([state, torch.zeros(1, 4, 8, 16)])
+    y_slow, h_slow = _scan(ALIGNED, x, dt, B, C, p, _cu([1] * 5 + [0]), with_empty)
+    assert torch.equal(y_fast, y_slow) and torch.equal(h_fast, h_slow[:5])
+    xc = torch.randn(5, 24, generator=gen).to(DTYPES[dtype])
+    weight, bias = torch.randn(24, 4, generator=gen).to(xc.dtype), torch.randn(24, generator=gen).to(xc.dtype)
+    conv_state = torch.randn(5, 24, 3, generator=gen).to(xc.dtype)
+    y_fast, s_fast = ALIGNED.causal_conv1d(xc, weight, bias, _cu([1] * 5), conv_state)
+    y_slow, s_slow = ALIGNED.causal_conv1d(
+        xc, weight, bias, _cu([1] * 5 + [0]), torch.cat([conv_state, torch.zeros(1, 24, 3, dtype=xc.dtype)])
+    )
+    assert torch.equal(y_fast, y_slow) and torch.equal(s_fast, s_slow[:5])
+
+
 def test_default_chunked_scan_differs_from_recurrent_decode():
     found = False
     for seed in range(10):

@@ -59,8 +59,9 @@ def _check_cu(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError("cu_seqlens must be a 1-D offsets tensor [S+1] with S >= 1")
     cu = cu_seqlens.to(torch.int64)
-    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={total}, got {cu.tolist()}")
+    offsets = cu.tolist()  # one conversion: a decode step's ops are a few microseconds each
+    if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={total}, got {offsets}")
     return cu
 
 
@@ -88,6 +89,8 @@ def causal_conv1d(
     """Depthwise causal conv over packed sequences (see module docstring)."""
     cu, width = check_conv(x, weight, bias, cu_seqlens, conv_state, activation)
     num_seqs, channels = cu.numel() - 1, x.shape[1]
+    if conv_state is not None and x.shape[0] == num_seqs and num_seqs and int((cu[1:] - cu[:-1]).max()) == 1:
+        return _conv_decode_step(x, weight, bias, conv_state, activation)
     lens = cu[1:] - cu[:-1]
     max_len = int(lens.max())
     state = conv_state if conv_state is not None else x.new_zeros(num_seqs, channels, width - 1)
@@ -109,6 +112,24 @@ def causal_conv1d(
     last = lens[:, None] + torch.arange(width - 1, device=x.device)[None, :]  # index into window
     new_state = window.to(x.dtype).gather(1, last[:, :, None].expand(-1, -1, channels)).transpose(1, 2)
     return out, new_state.contiguous()
+
+
+def _conv_decode_step(x, weight, bias, conv_state, activation) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`causal_conv1d` when every sequence has exactly one token: the same elementwise ops
+    in the same order on the same values (so the same bits), without the padding, the packing
+    gather and the state gather that ragged lengths need."""
+    width = weight.shape[1]
+    window = torch.cat([conv_state.to(x.dtype).transpose(1, 2), x[:, None]], dim=1).float()  # [S, W, C]
+    w32 = weight.float()
+    acc = window[:, 0:1] * w32[:, 0]
+    for w in range(1, width):
+        acc = acc + window[:, w : w + 1] * w32[:, w]
+    if bias is not None:
+        acc = acc + bias.float()
+    if activation == "silu":
+        acc = stable_silu(acc)
+    new_state = window[:, 1:].to(x.dtype).transpose(1, 2).contiguous()
+    return acc.to(x.dtype).view(x.shape), new_state
 
 
 def check_conv(x, weight, bias, cu_seqlens, conv_state, activation) -> tuple[torch.Tensor, int]:
@@ -165,6 +186,8 @@ def ssm_scan(
     groups, state_size = B.shape[1], B.shape[2]
     lens = cu[1:] - cu[:-1]
     max_len = int(lens.max())
+    if ssm_state is not None and max_len == 1 and x.shape[0] == num_seqs:
+        return _scan_decode_step(x, dt, A, B, C, D, dt_bias, ssm_state, dt_limit)
     state = (
         ssm_state.float().clone()
         if ssm_state is not None
@@ -209,3 +232,27 @@ def ssm_scan(
         y_p[:, t0:t1] = (states * C_p[:, t0:t1, :, None, :]).sum(-1) + D.float()[:, None] * x_p[:, t0:t1]
     y = y_p.view(-1, heads, head_dim) if not ragged else y_p[valid]
     return y.to(x.dtype), state.clone()
+
+
+def _scan_decode_step(x, dt, A, B, C, D, dt_bias, ssm_state, dt_limit) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ssm_scan` when every sequence has exactly one token: one recurrent step with the
+    same ops in the same order on the same values (so the same bits), without the padding, the
+    time blocks and the state copies. Heads are addressed as [groups, heads per group] views
+    instead of repeating B and C per head: the products are of the same two numbers, and the
+    readout sums the same contiguous N values per row."""
+    num_seqs, heads, head_dim = x.shape
+    groups, state_size = B.shape[1], B.shape[2]
+    rep = heads // groups
+    x32 = x.float()
+    dt1 = torch.clamp(stable_softplus(dt.float() + dt_bias.float()), min=dt_limit[0], max=dt_limit[1])
+    decay = torch.exp(dt1 * A.float())  # [S, Hs]
+    d_b = (dt1.view(num_seqs, groups, rep, 1) * B.float().view(num_seqs, groups, 1, state_size)).view(
+        num_seqs, heads, 1, state_size
+    )
+    state = ssm_state.float() * decay[:, :, None, None]  # two separate roundings, as in ssm_scan
+    state = state.add_(d_b * x32[:, :, :, None])  # [S, Hs, P, N]
+    readout = state.view(num_seqs, groups, rep, head_dim, state_size) * C.float().view(
+        num_seqs, groups, 1, 1, state_size
+    )
+    y = readout.sum(-1).view(num_seqs, heads, head_dim) + D.float()[:, None] * x32
+    return y.to(x.dtype), state

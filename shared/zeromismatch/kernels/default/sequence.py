@@ -3,8 +3,9 @@
 - attention: prefill / chunked-prefill sequences go one at a time through
   ``F.scaled_dot_product_attention`` (``is_causal`` when q_len == kv_len, an explicit
   bottom-right mask otherwise); sequences with q_len == 1 (decode) take a separate batched
-  matmul-softmax path over their keys padded to the longest context. Which path a query
-  takes, and the padded length, depend on the batch.
+  path: one ``scaled_dot_product_attention`` call over their keys padded to the longest
+  context, with a key-padding mask. Which path a query takes, and the padded length, depend
+  on the batch.
 - paged_attention: gather each sequence's K/V from its cache blocks, then the same.
 - moe_route: ``torch.topk`` (no tie-break promise), ``torch.softmax`` / ``torch.sigmoid``
   as transformers' Qwen3-MoE / DeepSeek-V3 routers compute them.
@@ -99,7 +100,9 @@ def _attend(q, k_src, v_src, cu_q, kv_lens, slots, seq_kv, scale):
 
 
 def _decode(q, k_src, v_src, cu_q, kv_lens, slots, scale, seqs, out) -> None:
-    """One query per sequence: one gather of all contexts padded to the longest, one matmul-softmax."""
+    """One query per sequence: one gather of all contexts padded to the longest, then one
+    ``scaled_dot_product_attention`` call with a key-padding mask (measured 1.6-2.4x faster here
+    than an explicit matmul-softmax over the same gather)."""
     hq, hkv, dqk = q.shape[1], k_src.shape[1], q.shape[2]
     seq_t = torch.tensor(seqs, device=q.device)
     lens = torch.tensor([kv_lens[s] for s in seqs], device=q.device)
@@ -112,16 +115,19 @@ def _decode(q, k_src, v_src, cu_q, kv_lens, slots, scale, seqs, out) -> None:
     # reused gather buffers, as the aligned set has: fresh multi-MB buffers pay a page fault per page
     keys = _gather_rows(k_src.reshape(k_src.shape[0], -1), flat, "default_keys", reuse)
     vals = _gather_rows(v_src.reshape(v_src.shape[0], -1), flat, "default_values", reuse)
-    keys, vals = keys.view(*idx.shape, hkv, dqk), vals.view(*idx.shape, hkv, -1)
-    keys = keys.permute(0, 2, 3, 1)  # [B, Hkv, D, L]
-    # stale cache contents past kv_len must not reach P@V (0 * nan = nan)
-    vals = vals.masked_fill_(beyond[:, :, None, None], 0).transpose(1, 2)  # [B, Hkv, L, Dv]
+    # stale cache contents past kv_len must not reach P@V (0 * nan = nan); a row fill of the
+    # padded slots measured faster than a broadcast masked_fill over [B, L, Hkv, Dv]
+    padded_slots = beyond.flatten().nonzero().squeeze(1)
+    if padded_slots.numel():
+        vals = vals.index_fill_(0, padded_slots, 0.0)
+    keys = keys.view(*idx.shape, hkv, dqk).transpose(1, 2)  # [B, Hkv, L, D] (strided view)
+    vals = vals.view(*idx.shape, hkv, -1).transpose(1, 2)
     rows = torch.tensor([cu_q[s] for s in seqs], device=q.device)
-    qd = q[rows].view(len(seqs), hkv, hq // hkv, dqk)  # [B, Hkv, G, D]
-    scores = torch.matmul(qd, keys).float() * scale  # [B, Hkv, G, L]
-    scores = scores.masked_fill(beyond[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(vals.dtype)
-    out[rows] = torch.matmul(probs, vals).reshape(len(seqs), hq, -1).to(out.dtype)
+    qd = q[rows].unsqueeze(2)  # [B, Hq, 1, D]
+    o = F.scaled_dot_product_attention(
+        qd, keys, vals, attn_mask=~beyond[:, None, None, :], scale=scale, enable_gqa=hq != hkv
+    )
+    out[rows] = o.reshape(len(seqs), hq, -1).to(out.dtype)
 
 
 # ---- MoE ---------------------------------------------------------------------------------
