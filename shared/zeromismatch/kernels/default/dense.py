@@ -5,7 +5,7 @@ with the weight prepacked once (as torch's CPU compiler and vLLM's CPU backend r
 linears; the packed copy is cached while the weight is unchanged, see
 ``aligned/gemm.py``), except fp32 shapes where MKL's ``F.linear`` measured faster
 (``_mkl_is_faster``); ``F.linear`` under autograd. A row-parallel linear is a local GEMM
-plus ``all_reduce(SUM)``; RMSNorm in the HF formulation; torch's fused ``silu`` (product
+plus ``all_reduce(SUM)``; RMSNorm as torch's fused ``F.rms_norm``; torch's fused ``silu`` (product
 taken in place); an lm_head in the activation dtype, upcast afterwards; quantized linears
 as W8A8 / W4A4 with one activation scale for the whole batch. ``processed_log_softmax`` is
 the shared sampler definition from the aligned module: the distribution is a definition,
@@ -70,6 +70,8 @@ def row_parallel_linear(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if weight.dtype == x.dtype:  # torch's fused norm (measured 10-30% faster than the HF form)
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
     xf = x.float()
     variance = xf.pow(2).mean(-1, keepdim=True)
     return weight * (xf * torch.rsqrt(variance + eps)).to(x.dtype)
@@ -80,8 +82,7 @@ def gated_rms_norm(
 ) -> torch.Tensor:
     hidden = x.float() * F.silu(gate.float())
     grouped = hidden.reshape(*hidden.shape[:-1], -1, group_size)
-    variance = grouped.pow(2).mean(-1, keepdim=True)
-    normed = (grouped * torch.rsqrt(variance + eps)).reshape(hidden.shape)
+    normed = F.rms_norm(grouped, grouped.shape[-1:], None, eps).reshape(hidden.shape)
     return weight * normed.to(x.dtype)
 
 
