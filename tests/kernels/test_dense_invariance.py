@@ -121,13 +121,15 @@ def test_rms_norm_row_invariant(m, h, dtype, seed):
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 16), h=st.integers(1, 5000), dtype=DTYPES, seed=SEEDS)
 def test_rms_norm_fused_path_has_the_two_op_bits(m, h, dtype, seed):
-    # below 32768 columns the aligned norm calls torch's fused F.rms_norm; its bits must be
-    # those of the definition written out (fp32 inside, HF rounding for bf16)
+    # below 32768 columns and without autograd the aligned norm calls torch's fused F.rms_norm;
+    # its bits must be those of the definition written out (fp32 inside, HF rounding for bf16)
     x = _randn((m, h), dtype, seed, scale=2.0)
     w = _randn((h,), dtype, seed + 1)
     xf = x.float()
     normed = xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) / h + 1e-6)
     assert torch.equal(ALIGNED.rms_norm(x, w, 1e-6), w * normed.to(dtype))
+    # under autograd (the trainer) the two-op form runs: the same forward bits
+    assert torch.equal(ALIGNED.rms_norm(x.clone().requires_grad_(True), w, 1e-6).detach(), w * normed.to(dtype))
 
 
 def test_rms_norm_long_rows_row_invariant():

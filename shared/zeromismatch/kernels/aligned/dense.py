@@ -87,12 +87,15 @@ def _row_mean_of_squares(xf: torch.Tensor) -> torch.Tensor:
     return chunked.sum(-1, keepdim=True) / h
 
 
-def _normalize_rows(xf: torch.Tensor, eps: float) -> torch.Tensor:
-    """``xf * rsqrt(mean(xf^2) + eps)`` per row of an fp32 tensor. Below ``_SPLIT_ROW`` columns
-    this is torch's fused ``F.rms_norm`` (one pass per row, never split across threads; measured
-    bitwise equal to the two-op form, which tests/kernels/test_dense_invariance.py re-checks)."""
+def _normalize_rows(xf: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
+    """``xf * rsqrt(mean(xf^2) + eps)`` per row of an fp32 tensor. With ``fused`` (callers pass
+    it when no autograd is needed) and below ``_SPLIT_ROW`` columns this is torch's fused
+    ``F.rms_norm``: one pass per row, never split across threads, measured bitwise equal to the
+    two-op form (tests/kernels/test_dense_invariance.py re-checks it). Under autograd the two-op
+    form stays: its forward bits are the same, but ``F.rms_norm``'s backward rounds the input
+    gradient differently, which would change every training run for no gain in the forward."""
     h = xf.shape[-1]
-    if h < _SPLIT_ROW:
+    if fused and h < _SPLIT_ROW:
         return F.rms_norm(xf, (h,), None, eps)
     return xf * torch.rsqrt(_row_mean_of_squares(xf) + eps)
 
@@ -100,10 +103,11 @@ def _normalize_rows(xf: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm weight shape {tuple(weight.shape)} != x last dim {x.shape[-1]}")
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.shape[-1] < _SPLIT_ROW:
+    fused = not _needs_grad(x, weight)
+    if fused and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.shape[-1] < _SPLIT_ROW:
         # fp32: the weight product in the fused call is the same single rounding as below
         return F.rms_norm(x, x.shape[-1:], weight, eps)
-    return weight * _normalize_rows(x.float(), eps).to(x.dtype)
+    return weight * _normalize_rows(x.float(), eps, fused).to(x.dtype)
 
 
 def _needs_grad(*tensors: torch.Tensor) -> bool:
@@ -188,7 +192,8 @@ def gated_rms_norm(
         fresh = gate_f32 is not gate and gate_f32.is_contiguous()
         hidden = (vector_path_(_silu_, gate_f32) if fresh else silu(gate_f32)).mul_(x)
     grouped = hidden.reshape(*hidden.shape[:-1], -1, group_size)
-    return weight * _normalize_rows(grouped, eps).reshape(hidden.shape).to(x.dtype)
+    normed = _normalize_rows(grouped, eps, not _needs_grad(gate, x, weight))
+    return weight * normed.reshape(hidden.shape).to(x.dtype)
 
 
 def rope(
