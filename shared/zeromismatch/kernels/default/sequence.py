@@ -3,9 +3,10 @@
 - attention: prefill / chunked-prefill sequences go one at a time through
   ``F.scaled_dot_product_attention`` (``is_causal`` when q_len == kv_len, an explicit
   bottom-right mask otherwise); sequences with q_len == 1 (decode) take a separate batched
-  path: one ``scaled_dot_product_attention`` call over their keys padded to the longest
-  context, with a key-padding mask. Which path a query takes, and the padded length, depend
-  on the batch.
+  path over their keys padded to the longest context: one ``scaled_dot_product_attention``
+  call with a key-padding mask in fp32, a batched matmul-softmax in bf16 (each the faster of
+  the two here for its dtype). Which path a query takes, and the padded length, depend on the
+  batch.
 - paged_attention: gather each sequence's K/V from its cache blocks, then the same.
 - moe_route: ``torch.topk`` (no tie-break promise), ``torch.softmax`` / ``torch.sigmoid``
   as transformers' Qwen3-MoE / DeepSeek-V3 routers compute them.
@@ -100,9 +101,10 @@ def _attend(q, k_src, v_src, cu_q, kv_lens, slots, seq_kv, scale):
 
 
 def _decode(q, k_src, v_src, cu_q, kv_lens, slots, scale, seqs, out) -> None:
-    """One query per sequence: one gather of all contexts padded to the longest, then one
-    ``scaled_dot_product_attention`` call with a key-padding mask (measured 1.6-2.4x faster here
-    than an explicit matmul-softmax over the same gather)."""
+    """One query per sequence: one gather of all contexts padded to the longest, then, in fp32,
+    one ``scaled_dot_product_attention`` call with a key-padding mask (measured 1.6-2.4x faster
+    here than a matmul-softmax over the same gather) and, in bf16, a batched matmul-softmax
+    (measured 2-2.4x faster than SDPA in bf16 on this CPU)."""
     hq, hkv, dqk = q.shape[1], k_src.shape[1], q.shape[2]
     seq_t = torch.tensor(seqs, device=q.device)
     lens = torch.tensor([kv_lens[s] for s in seqs], device=q.device)
@@ -120,13 +122,23 @@ def _decode(q, k_src, v_src, cu_q, kv_lens, slots, scale, seqs, out) -> None:
     padded_slots = beyond.flatten().nonzero().squeeze(1)
     if padded_slots.numel():
         vals = vals.index_fill_(0, padded_slots, 0.0)
-    keys = keys.view(*idx.shape, hkv, dqk).transpose(1, 2)  # [B, Hkv, L, D] (strided view)
-    vals = vals.view(*idx.shape, hkv, -1).transpose(1, 2)
+    keys = keys.view(*idx.shape, hkv, dqk)
+    vals = vals.view(*idx.shape, hkv, -1).transpose(1, 2)  # [B, Hkv, L, Dv]
     rows = torch.tensor([cu_q[s] for s in seqs], device=q.device)
-    qd = q[rows].unsqueeze(2)  # [B, Hq, 1, D]
-    o = F.scaled_dot_product_attention(
-        qd, keys, vals, attn_mask=~beyond[:, None, None, :], scale=scale, enable_gqa=hq != hkv
-    )
+    if q.dtype in (torch.float32, torch.float64):
+        o = F.scaled_dot_product_attention(
+            q[rows].unsqueeze(2),  # [B, Hq, 1, D]
+            keys.transpose(1, 2),
+            vals,
+            attn_mask=~beyond[:, None, None, :],
+            scale=scale,
+            enable_gqa=hq != hkv,
+        )
+    else:
+        qd = q[rows].view(len(seqs), hkv, hq // hkv, dqk)  # [B, Hkv, G, D]
+        scores = torch.matmul(qd, keys.permute(0, 2, 3, 1)).float() * scale  # [B, Hkv, G, L]
+        scores = scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
+        o = torch.matmul(torch.softmax(scores, dim=-1).to(vals.dtype), vals)
     out[rows] = o.reshape(len(seqs), hq, -1).to(out.dtype)
 
 
