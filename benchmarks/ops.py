@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(summarize(timings))
     if args.out:
+        from zeromismatch._provenance import provenance
         from zeromismatch.io import atomic_write_json
 
         atomic_write_json(
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 "threads": torch.get_num_threads(),
                 "clock": clock,
                 "torch": torch.__version__,
+                "provenance": provenance(config=vars(args)),
                 "cases": [
                     {
                         "op": t.name,
