@@ -82,7 +82,8 @@ class KernelSet(ABC):
     @abstractmethod
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dim, computed in fp32, returned in x.dtype (Qwen3/HF semantics:
-        ``weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)``)."""
+        ``weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)``; the default set runs
+        torch's fused ``F.rms_norm``, which in bf16 applies the weight before its one rounding)."""
 
     @abstractmethod
     def gated_rms_norm(
