@@ -89,10 +89,10 @@ def causal_conv1d(
     """Depthwise causal conv over packed sequences (see module docstring)."""
     cu, width = check_conv(x, weight, bias, cu_seqlens, conv_state, activation)
     num_seqs, channels = cu.numel() - 1, x.shape[1]
-    if conv_state is not None and x.shape[0] == num_seqs and num_seqs and int((cu[1:] - cu[:-1]).max()) == 1:
-        return _conv_decode_step(x, weight, bias, conv_state, activation)
     lens = cu[1:] - cu[:-1]
     max_len = int(lens.max())
+    if conv_state is not None and max_len == 1 and x.shape[0] == num_seqs:
+        return _conv_decode_step(x, weight, bias, conv_state, activation)
     state = conv_state if conv_state is not None else x.new_zeros(num_seqs, channels, width - 1)
     padded, _ = _pad_by_sequence(x, cu, max_len)  # [S, L, C]
     window = torch.cat([state.to(x.dtype).transpose(1, 2), padded], dim=1).float()  # [S, W-1+L, C]
