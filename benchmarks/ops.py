@@ -215,10 +215,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="wall time or this thread's CPU time (default: cpu at --threads 1, else wall)",
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device to time on (inputs are built on the CPU and moved; wall clock, synchronized)",
+    )
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type != "cpu" and args.clock == "cpu":
+        parser.error(f"--clock cpu cannot time a {device.type} device")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    clock = args.clock or ("cpu" if torch.get_num_threads() == 1 else "wall")
+    clock = args.clock or ("cpu" if torch.get_num_threads() == 1 and device.type == "cpu" else "wall")
     if clock == "cpu" and torch.get_num_threads() != 1:
         parser.error("--clock cpu measures one thread; use it with --threads 1")
     cases = dense_cases() + sequence_cases()
@@ -227,13 +235,23 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c.name in wanted]
         if not cases:
             parser.error(f"no cases match --only {args.only}")
-    timings = [
-        measure(c, repeats=args.repeats, clock=clock) for c in tqdm(cases, disable=args.quiet, desc="ops")
-    ]
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-        f"medians of {args.repeats} interleaved samples, {clock} clock"
-    )
+    timings, failures = [], []
+    for case in tqdm(cases, disable=args.quiet, desc="ops"):
+        if device.type == "cpu":
+            timings.append(measure(case, repeats=args.repeats, clock=clock))
+            continue
+        # on another device a case that cannot run there is reported, not fatal: the CPU is the
+        # platform these kernels are written for, and the point of a device run is to find out
+        try:
+            timings.append(measure(case, repeats=args.repeats, clock=clock, device=args.device))
+        except Exception as err:  # noqa: BLE001 - reported per case below
+            failures.append(
+                {"op": case.name, "shape": case.shape_desc, "error": f"{type(err).__name__}: {err}"}
+            )
+    where = f"device {device}" if device.type != "cpu" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}; medians of {args.repeats} interleaved samples, {clock} clock")
+    for failure in failures:
+        print(f"FAILED on {device}: {failure['op']} {failure['shape']}: {failure['error'][:300]}")
     print(format_table(timings))
     print()
     print(summarize(timings))
@@ -245,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out),
             {
                 "threads": torch.get_num_threads(),
+                "device": str(device),
+                "failures": failures,
                 "clock": clock,
                 "torch": torch.__version__,
                 "provenance": provenance(config=vars(args)),

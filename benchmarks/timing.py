@@ -27,6 +27,7 @@ so callers use it only at one torch thread.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -66,46 +67,83 @@ class Timing:
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-def _sample(fn: Callable[[tuple], Any], inputs: tuple, inner: int, clock: Callable[[], float]) -> float:
+def _no_sync() -> None:
+    return None
+
+
+def _sample(
+    fn: Callable[[tuple], Any], inputs: tuple, inner: int, clock: Callable[[], float], sync=_no_sync
+) -> float:
+    sync()
     start = clock()
     for _ in range(inner):
         fn(inputs)
+    sync()  # a GPU runs asynchronously: the sample ends when its kernels have finished
     return (clock() - start) / inner
 
 
-def _choose_inner(fn: Callable[[tuple], Any], inputs: tuple, target_s: float, clock) -> int:
-    one = _sample(fn, inputs, 1, clock)
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor inside (tuples, lists, dicts, dataclasses) moved to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        moved = [to_device(item, device) for item in obj]
+        return type(obj)(moved) if isinstance(obj, list) or type(obj) is tuple else type(obj)(*moved)
+    if isinstance(obj, dict):
+        return {key: to_device(value, device) for key, value in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = {f.name: to_device(getattr(obj, f.name), device) for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **fields)
+    return obj
+
+
+def _choose_inner(fn: Callable[[tuple], Any], inputs: tuple, target_s: float, clock, sync=_no_sync) -> int:
+    one = _sample(fn, inputs, 1, clock, sync)
     return max(1, min(1000, int(target_s / max(one, 1e-7))))
 
 
 def measure(
-    case: OpCase, repeats: int = 15, warmup: int = 3, target_sample_s: float = 0.004, clock: str = "wall"
+    case: OpCase,
+    repeats: int = 15,
+    warmup: int = 3,
+    target_sample_s: float = 0.004,
+    clock: str = "wall",
+    device: str = "cpu",
 ) -> Timing:
-    """Median time per call of each side, measured interleaved (aligned, default, aligned, ...)."""
+    """Median time per call of each side, measured interleaved (aligned, default, aligned, ...).
+
+    ``device`` other than the CPU: the inputs are built on the CPU (same numbers) and moved there,
+    and each sample synchronizes the device before and after its calls (wall clock only)."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    target = torch.device(device)
+    if target.type != "cpu" and clock != "wall":
+        raise ValueError(f"only the wall clock measures a {target.type} device, got clock={clock!r}")
     tick = CLOCKS[clock]
+    sync = _no_sync if target.type == "cpu" else (lambda: torch.cuda.synchronize(target))
     # inputs (weights) are built outside inference mode, as a model's loaded weights are
     inputs = case.make_inputs()
+    if target.type != "cpu":
+        inputs = to_device(inputs, target)
     with torch.inference_mode():
         for _ in range(warmup):
             case.run_aligned(inputs)
             case.run_default(inputs)
         inner = max(
-            _choose_inner(case.run_aligned, inputs, target_sample_s, tick),
-            _choose_inner(case.run_default, inputs, target_sample_s, tick),
+            _choose_inner(case.run_aligned, inputs, target_sample_s, tick, sync),
+            _choose_inner(case.run_default, inputs, target_sample_s, tick, sync),
         )
         aligned, default = [], []
         for r in range(repeats):
             # alternate which side goes first so neither always runs on a warm cache
             if r % 2 == 0:
-                aligned.append(_sample(case.run_aligned, inputs, inner, tick))
-                default.append(_sample(case.run_default, inputs, inner, tick))
+                aligned.append(_sample(case.run_aligned, inputs, inner, tick, sync))
+                default.append(_sample(case.run_default, inputs, inner, tick, sync))
             else:
-                default.append(_sample(case.run_default, inputs, inner, tick))
-                aligned.append(_sample(case.run_aligned, inputs, inner, tick))
+                default.append(_sample(case.run_default, inputs, inner, tick, sync))
+                aligned.append(_sample(case.run_aligned, inputs, inner, tick, sync))
     aligned_us = statistics.median(aligned) * 1e6
     return Timing(case.name, case.shape_desc, aligned_us, statistics.median(default) * 1e6)
 

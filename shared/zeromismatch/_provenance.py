@@ -33,7 +33,10 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        # a copy of the tree without .git (a device or cluster job): the launcher may say which commit
+        # it copied; that is its claim, so the value says where it came from
+        stated = os.environ.get("ZEROMISMATCH_GIT_COMMIT", "").strip()
+        return f"{stated} (stated by ZEROMISMATCH_GIT_COMMIT)" if stated else "unknown"
     return commit + ("-dirty" if dirty else "")
 
 

@@ -1,4 +1,4 @@
-"""The ``zm`` command line: ``zm parity | bisect | bench | train | audit | info``.
+"""The ``zm`` command line: ``zm parity | invariance | bisect | bench | train | audit | info``.
 
 Each subcommand lives in ``zeromismatch.commands.<name>`` and exposes
 ``register(subparsers)``; a command whose optional dependencies are missing
@@ -16,7 +16,7 @@ from . import __version__
 from ._provenance import git_commit
 
 # Order is the order shown in --help. Add a module here when you add a command.
-COMMAND_MODULES = ["info", "parity", "bisect", "bench", "train", "audit"]
+COMMAND_MODULES = ["info", "parity", "invariance", "bisect", "bench", "train", "audit"]
 
 
 def build_parser() -> argparse.ArgumentParser:

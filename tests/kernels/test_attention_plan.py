@@ -82,3 +82,17 @@ def test_autograd_inputs_do_not_use_the_reused_buffers():
     assert torch.equal(out, ref)
     out.square().sum().backward()
     assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in leaves)
+
+
+def test_inference_tensors_are_planned_every_call():
+    # inference tensors have no version counter, so an in-place edit could not be seen: no caching
+    with torch.inference_mode():
+        q, k_cache, v_cache, table, cu, kv_lens = _paged_inputs(3, [40, 12])
+        before = ALIGNED.paged_attention(q, k_cache, v_cache, table, cu, kv_lens, 0.2)
+        kv_lens -= 5
+        after = ALIGNED.paged_attention(q, k_cache, v_cache, table, cu, kv_lens, 0.2)
+    assert not torch.equal(after, before)
+    assert torch.equal(
+        after,
+        _fresh(q.clone(), k_cache.clone(), v_cache.clone(), table.clone(), cu.clone(), kv_lens.clone(), 0.2),
+    )

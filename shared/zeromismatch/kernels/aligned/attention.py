@@ -155,6 +155,8 @@ def _scratch(name: str, shape: tuple[int, ...], dtype, device, reuse: bool) -> t
 def _cached_plan(key: tuple, tensors: tuple[torch.Tensor, ...], build):
     """The plan for ``key`` built from ``tensors`` unchanged since the last call, else ``build()``."""
     global _plan_cache
+    if any(t.is_inference() for t in tensors):  # no version counter: an in-place edit would go unseen
+        return build()
     key = (threading.get_ident(), *key)
     versions = tuple(t._version for t in tensors)
     hit = _plan_cache
