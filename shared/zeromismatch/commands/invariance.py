@@ -21,6 +21,12 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="fp32,bf16", help="comma-separated activation dtypes: fp32, bf16")
     p.add_argument("--only", default="", help="comma-separated ops to check (default: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0 = torch's default); CPU GEMMs may split by it",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--out", default="", help="also write the JSON (with provenance) to this file, atomically")
     p.add_argument("--expect-identical", action="store_true", help="exit 1 if any check is not identical")
@@ -40,6 +46,11 @@ def run(args) -> int:
     from ..kernels import get_kernels
     from ..kernels.selfcheck import run_checks
 
+    if args.threads < 0:
+        print(f"zm invariance: --threads must be >= 0, got {args.threads}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         device = torch.device(args.device)
     except RuntimeError as err:
@@ -60,6 +71,7 @@ def run(args) -> int:
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "seed": args.seed,
+        "torch_threads": torch.get_num_threads(),
         "checks": [r.as_dict() for r in results],
         "provenance": provenance(),
     }
@@ -68,7 +80,10 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(payload, indent=2))
     else:
-        print(f"# kernels={args.kernels} device={device} ({payload['device_name']}) seed={args.seed}")
+        print(
+            f"# kernels={args.kernels} device={device} ({payload['device_name']}) seed={args.seed} "
+            f"threads={payload['torch_threads']} torch={torch.__version__}"
+        )
         print(f"{'op':20s} {'property':13s} {'dtype':5s} {'identical':9s} {'max|diff|':>10s} pairs")
         for r in results:
             print(
