@@ -20,6 +20,14 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str:
     ``results/`` is left out of the check: a reproduction writes there (and replaces the runs it
     reruns), so counting it would mark every run after the first of ``make reproduce`` dirty."""
     where = Path(cwd) if cwd else Path(__file__).resolve().parent
+    local = _local_git_commit(where)
+    # a copy of the tree run elsewhere (a device or cluster job) may carry a stale or no .git: the
+    # launcher can state which commit it copied; that is its claim, so the value says where it came from
+    stated = os.environ.get("ZEROMISMATCH_GIT_COMMIT", "").strip()
+    return f"{stated} (stated by ZEROMISMATCH_GIT_COMMIT; local git: {local})" if stated else local
+
+
+def _local_git_commit(where: Path) -> str:
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
@@ -33,10 +41,7 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        # a copy of the tree without .git (a device or cluster job): the launcher may say which commit
-        # it copied; that is its claim, so the value says where it came from
-        stated = os.environ.get("ZEROMISMATCH_GIT_COMMIT", "").strip()
-        return f"{stated} (stated by ZEROMISMATCH_GIT_COMMIT)" if stated else "unknown"
+        return "unknown"
     return commit + ("-dirty" if dirty else "")
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..io import atomic_write_json, atomic_write_text
 from .benchmarks import benchmark_lines
 from .learnability import learnability_lines
+from .portability import portability_lines
 from .registry import Registry, load_registry
 from .text import (
     TABLE_COLUMNS,
@@ -202,7 +203,7 @@ def build_all(results_root: str | Path | None = None, *, quiet: bool = False) ->
     figures = make_figures(registry, verdicts, root)
     _remove_stale_figures(root, figures)
     written = [root / REPORT_MD, root / REPORT_HTML, root / VERDICTS_JSON]
-    benchmarks = benchmark_lines(root) + learnability_lines(root)
+    benchmarks = benchmark_lines(root) + learnability_lines(root) + portability_lines(root)
     atomic_write_text(written[0], render_markdown(registry, verdicts, figures, benchmarks))
     atomic_write_text(written[1], render_html(registry, verdicts, figures, benchmarks))
     atomic_write_json(written[2], verdicts_document(verdicts))

@@ -1,32 +1,35 @@
-"""``zm invariance``: measure a kernel set's bitwise promises on this machine's CPU or GPU.
+"""``zm invariance``: measure kernel sets' bitwise promises on this machine's CPU or GPU.
 
 Runs ``zeromismatch.kernels.selfcheck`` (row, layout, phase, neighbour and chunking checks,
-``torch.equal`` over every compared pair) and prints one line per check, or JSON with provenance.
-Exit status 0 whatever the checks find, unless ``--expect-identical`` is given: then 1 when any
-check is not identical (for scripts that gate on the aligned set).
+``torch.equal`` over every compared pair) for every combination of the comma-separated
+``--kernels``, ``--device`` and ``--threads`` given, and prints one table per run, or JSON
+``{"runs": [...], "provenance": ...}``. Exit status 0 whatever the checks find, unless
+``--expect-identical`` is given: then 1 when any check of any run is not identical.
 
-    zm invariance --kernels aligned --device cuda --dtype fp32,bf16 --json --out gpu.json
+    zm invariance --kernels aligned,default --device cuda,cpu --threads 1,16 --out node.json
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
 
 def register(sub) -> None:
-    p = sub.add_parser("invariance", help="measure a kernel set's bitwise invariances on a CPU or GPU")
-    p.add_argument("--kernels", default="aligned", help="kernel set name (default: aligned)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
+    p = sub.add_parser("invariance", help="measure kernel sets' bitwise invariances on a CPU or GPU")
+    p.add_argument("--kernels", default="aligned", help="comma-separated kernel set names (default: aligned)")
+    p.add_argument(
+        "--device", default="cpu", help="comma-separated torch devices, e.g. cpu,cuda (default: cpu)"
+    )
     p.add_argument("--dtype", default="fp32,bf16", help="comma-separated activation dtypes: fp32, bf16")
-    p.add_argument("--only", default="", help="comma-separated ops to check (default: all)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads",
-        type=int,
-        default=0,
-        help="torch CPU threads (0 = torch's default); CPU GEMMs may split by it",
+        default="0",
+        help="comma-separated torch CPU thread counts (0 = torch's default); CPU GEMMs may split by it",
     )
+    p.add_argument("--only", default="", help="comma-separated ops to check (default: all)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--out", default="", help="also write the JSON (with provenance) to this file, atomically")
     p.add_argument("--expect-identical", action="store_true", help="exit 1 if any check is not identical")
@@ -38,58 +41,85 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _parse(args):
+    """(kernel sets, devices, thread counts) from the arguments; ValueError names what is wrong."""
+    import torch
+
+    from ..kernels import get_kernels
+
+    kernels = [get_kernels(name) for name in _split(args.kernels)]
+    devices = []
+    for text in _split(args.device):
+        try:
+            device = torch.device(text)
+        except RuntimeError as err:
+            raise ValueError(f"bad --device {text!r}: {err}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {text} but torch sees no CUDA device")
+        devices.append(device)
+    try:
+        threads = [int(t) for t in _split(args.threads)]
+    except ValueError:
+        raise ValueError(f"--threads must be comma-separated integers, got {args.threads!r}") from None
+    if not kernels or not devices or not threads or any(t < 0 for t in threads):
+        raise ValueError("--kernels, --device and --threads each need at least one value (threads >= 0)")
+    return kernels, devices, threads
+
+
+def _print_run(run: dict) -> None:
+    print(
+        f"# kernels={run['kernels']} device={run['device']} ({run['device_name']}) seed={run['seed']} "
+        f"threads={run['torch_threads']} torch={run['torch']}"
+    )
+    print(f"{'op':20s} {'property':13s} {'dtype':5s} {'identical':9s} {'max|diff|':>10s} pairs")
+    for r in run["checks"]:
+        print(
+            f"{r['op']:20s} {r['prop']:13s} {r['dtype']:5s} {'yes' if r['identical'] else 'NO':9s} "
+            f"{r['max_abs_diff']:10.3g} {r['comparisons']}"
+        )
+
+
 def run(args) -> int:
     import torch
 
     from .._provenance import provenance
     from ..io import atomic_write_json
-    from ..kernels import get_kernels
     from ..kernels.selfcheck import run_checks
 
-    if args.threads < 0:
-        print(f"zm invariance: --threads must be >= 0, got {args.threads}", file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    saved_threads = torch.get_num_threads()
+    progress = None if args.quiet else (lambda label: print(f"  checking {label}", file=sys.stderr))
+    runs = []
     try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        print(f"zm invariance: bad --device {args.device!r}: {err}", file=sys.stderr)
-        return 2
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"zm invariance: --device {args.device} but torch sees no CUDA device", file=sys.stderr)
-        return 2
-    try:
-        kernels = get_kernels(args.kernels)
-        progress = None if args.quiet else (lambda label: print(f"  checking {label}", file=sys.stderr))
-        results = run_checks(kernels, device, _split(args.dtype), args.seed, _split(args.only), progress)
+        kernels, devices, threads = _parse(args)
+        for kernel_set, device, count in itertools.product(kernels, devices, threads):
+            torch.set_num_threads(count or saved_threads)
+            results = run_checks(
+                kernel_set, device, _split(args.dtype), args.seed, _split(args.only), progress
+            )
+            runs.append(
+                {
+                    "kernels": kernel_set.name,
+                    "device": str(device),
+                    "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "seed": args.seed,
+                    "torch_threads": torch.get_num_threads(),
+                    "torch": torch.__version__,
+                    "checks": [r.as_dict() for r in results],
+                }
+            )
     except ValueError as err:
         print(f"zm invariance: {err}", file=sys.stderr)
         return 2
-    payload = {
-        "kernels": args.kernels,
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "seed": args.seed,
-        "torch_threads": torch.get_num_threads(),
-        "checks": [r.as_dict() for r in results],
-        "provenance": provenance(),
-    }
+    finally:
+        torch.set_num_threads(saved_threads)
+    payload = {"runs": runs, "provenance": provenance()}
     if args.out:
         atomic_write_json(args.out, payload)
     if args.json:
         print(json.dumps(payload, indent=2))
     else:
-        print(
-            f"# kernels={args.kernels} device={device} ({payload['device_name']}) seed={args.seed} "
-            f"threads={payload['torch_threads']} torch={torch.__version__}"
-        )
-        print(f"{'op':20s} {'property':13s} {'dtype':5s} {'identical':9s} {'max|diff|':>10s} pairs")
-        for r in results:
-            print(
-                f"{r.op:20s} {r.prop:13s} {r.dtype:5s} {'yes' if r.identical else 'NO':9s} "
-                f"{r.max_abs_diff:10.3g} {r.comparisons}"
-            )
-    if args.expect_identical and not all(r.identical for r in results):
+        for one in runs:
+            _print_run(one)
+    if args.expect_identical and not all(c["identical"] for one in runs for c in one["checks"]):
         return 1
     return 0

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from ..kernels import get_kernels
+from ..kernels.selfcheck import verify_for_model
 from .kv_cache import BlockManager
 from .request import Request, RequestOutput, RequestStatus
 from .runner import ModelRunner
@@ -96,6 +97,7 @@ class LLM:
             raise ValueError("LLM(tp>1) is served by TensorParallelLLM; pass tp_group only from its workers")
         self.kernels = get_kernels(kernels) if isinstance(kernels, str) else kernels
         self.model = resolve_model(model, kernels, dtype, seed, quant, tp_group)
+        verify_for_model(self.kernels, self.model)
         self.vocab_size = int(self.model.config.vocab_size)
         model_max = int(self.model.config.max_position_embeddings)
         self.max_model_len = min(max_model_len or model_max, model_max)

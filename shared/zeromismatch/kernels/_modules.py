@@ -13,8 +13,15 @@ from types import ModuleType
 from .base import KernelSet
 
 
-def kernel_set_from_modules(class_name: str, set_name: str, modules: list[ModuleType], doc: str):
-    namespace: dict[str, object] = {"name": set_name, "__doc__": doc, "__module__": modules[0].__package__}
+def kernel_set_from_modules(
+    class_name: str, set_name: str, modules: list[ModuleType], doc: str, promises_invariance: bool = False
+):
+    namespace: dict[str, object] = {
+        "name": set_name,
+        "__doc__": doc,
+        "__module__": modules[0].__package__,
+        "promises_invariance": promises_invariance,
+    }
     for op in sorted(KernelSet.__abstractmethods__):
         owner = next((m for m in modules if callable(getattr(m, op, None))), None)
         if owner is None:

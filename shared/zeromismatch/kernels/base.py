@@ -54,6 +54,9 @@ class KernelSet(ABC):
 
     #: registry name, e.g. "aligned" or "default"
     name: str = "abstract"
+    #: the set promises the bitwise invariances above; the engine and the trainer then re-measure
+    #: them once per process on their device and dtype (``kernels.selfcheck.verify_invariance``)
+    promises_invariance: bool = False
 
     # ---- dense algebra -------------------------------------------------
     @abstractmethod

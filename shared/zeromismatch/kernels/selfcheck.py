@@ -25,6 +25,15 @@ then moved to the device, so every device sees the same numbers. The checks (fix
 - ``moe/neighbours``: a token routed and computed alone vs among other tokens;
 - ``ssm/chunking``: the Mamba2 conv and scan in one call vs chunks of 5 vs one token at a time.
 
+Guard: a set with ``promises_invariance`` (the aligned set) is re-measured by
+``verify_invariance`` once per process, device, dtype and torch thread count, when an engine
+(``LLM``) or the trainer's recompute (``compute_logprobs``) starts on it: about 0.5 s per dtype
+on the CI CPU. ``ZEROMISMATCH_SELFCHECK`` chooses what a broken promise does: ``warn`` (default,
+a ``KernelInvarianceWarning`` naming the checks), ``error`` (raise ``KernelInvarianceError``) or
+``off``. Measured why it exists: on an Intel Xeon (AMX) with torch 2.11 / oneDNN 3.10.2 the
+aligned fp32 linear was not row-invariant, and on an H200 the aligned GEMMs and attention were
+not either (docs/parity.md, "Portability").
+
 The tensor-parallel degrees 2 and 4 of the row-parallel linear need a process group and are
 tested in tests/kernels/test_tensor_parallel.py, not here. This is a report, not a test: the
 default set is expected to break some checks (that is what makes it the contrast), and
@@ -33,6 +42,8 @@ tests/kernels/test_selfcheck.py pins what holds on the CPU this project's CI run
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -300,3 +311,60 @@ def run_checks(
                     CheckResult(op, prop, dtype, tally.identical, tally.max_abs_diff, tally.comparisons)
                 )
     return results
+
+
+class KernelInvarianceWarning(RuntimeWarning):
+    """A kernel set that promises invariance broke a check on this machine (logprobs may drift)."""
+
+
+class KernelInvarianceError(RuntimeError):
+    """Raised instead of the warning when ``ZEROMISMATCH_SELFCHECK=error``."""
+
+
+_SELFCHECK_MODES = ("warn", "error", "off")
+_verified: dict[tuple, list[CheckResult]] = {}
+
+
+def verify_invariance(
+    kernels: KernelSet, device: str | torch.device, dtype: torch.dtype
+) -> list[CheckResult]:
+    """Re-measure a promising set's invariances here (cached per process, device, dtype, threads).
+
+    Returns the failing checks (empty when all hold, when the set promises nothing, or when
+    ``ZEROMISMATCH_SELFCHECK=off``); warns or raises on failure, see the module docstring."""
+    mode = os.environ.get("ZEROMISMATCH_SELFCHECK", "warn").strip().lower() or "warn"
+    if mode not in _SELFCHECK_MODES:
+        raise ValueError(f"ZEROMISMATCH_SELFCHECK must be one of {_SELFCHECK_MODES}, got {mode!r}")
+    if mode == "off" or not getattr(kernels, "promises_invariance", False):
+        return []
+    names = {value: key for key, value in DTYPES.items()}
+    if dtype not in names:  # fp64 / fp16 models: the checks cover fp32 and bf16 only
+        return []
+    device = torch.device(device)
+    key = (type(kernels), kernels.name, str(device), dtype, torch.get_num_threads())
+    if key not in _verified:
+        results = run_checks(kernels, device, (names[dtype],))
+        _verified[key] = [r for r in results if not r.identical]
+    failing = _verified[key]
+    if failing:
+        listed = ", ".join(f"{r.op}/{r.prop} (max |diff| {r.max_abs_diff:.3g})" for r in failing)
+        message = (
+            f"kernel set {kernels.name!r} promises bitwise invariance, but on {device} in {names[dtype]} "
+            f"with {torch.get_num_threads()} torch threads these checks differ: {listed}. Engine and trainer "
+            f"logprobs will not be bitwise equal here; `zm invariance --kernels {kernels.name} --device "
+            f"{device}` shows the details (ZEROMISMATCH_SELFCHECK=off|warn|error)."
+        )
+        if mode == "error":
+            raise KernelInvarianceError(message)
+        warnings.warn(message, KernelInvarianceWarning, stacklevel=3)
+    return failing
+
+
+def verify_for_model(kernels: KernelSet, model: torch.nn.Module) -> list[CheckResult]:
+    """``verify_invariance`` on the device and activation dtype a model runs in (its first
+    floating parameter's device; ``model.dtype`` when it has one, else that parameter's dtype)."""
+    params = model.parameters() if isinstance(model, torch.nn.Module) else ()
+    param = next((p for p in params if p.is_floating_point()), None)
+    if param is None:  # not a torch module (a test double, a remote handle): nothing to measure on
+        return []
+    return verify_invariance(kernels, param.device, getattr(model, "dtype", param.dtype))

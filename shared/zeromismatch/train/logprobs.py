@@ -26,6 +26,7 @@ import torch
 from ..engine.sampler import token_logprobs
 from ..engine.sampling_params import LOGPROBS_MODES, SamplingParams
 from ..kernels import get_kernels
+from ..kernels.selfcheck import verify_for_model
 from ..models.batch import ForwardBatch
 
 
@@ -94,6 +95,7 @@ def compute_logprobs(
     if logprobs_mode is not None and logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
     kernels = _resolve_kernels(model, kernels)
+    verify_for_model(kernels, model)
     prompts = [list(p) for p in prompts]
     responses = [list(r) for r in responses]
     for i, prompt in enumerate(prompts):

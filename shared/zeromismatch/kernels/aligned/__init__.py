@@ -13,5 +13,9 @@ from .._modules import kernel_set_from_modules
 from . import attention, dense, moe, ssm
 
 AlignedKernels = kernel_set_from_modules(
-    "AlignedKernels", "aligned", [dense, attention, moe, ssm], __doc__.splitlines()[0]
+    "AlignedKernels",
+    "aligned",
+    [dense, attention, moe, ssm],
+    __doc__.splitlines()[0],
+    promises_invariance=True,
 )

@@ -1,0 +1,64 @@
+"""The report's portability section renders what ``zm invariance`` and the GEMM probe wrote."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zeromismatch.audit.portability import portability_lines
+from zeromismatch.audit.registry import AuditInputError
+from zeromismatch.cli import main
+
+
+def _folder(tmp_path):
+    folder = tmp_path / "reproduced" / "portability"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_no_files_no_section(tmp_path):
+    assert portability_lines(tmp_path) == []
+
+
+def test_invariance_columns_come_from_a_real_zm_invariance_run(tmp_path):
+    out = _folder(tmp_path) / "invariance_here.json"
+    args = ["invariance", "--kernels", "aligned,default", "--only", "linear", "--dtype", "fp32", "--quiet"]
+    assert main([*args, "--out", str(out)]) == 0
+    text = "\n".join(portability_lines(tmp_path))
+    assert "invariance_here.json" in text and "aligned · " in text and "default · " in text
+    assert "| linear/rows | fp32 | yes | **NO** |" in text  # aligned holds, default breaks, on this CPU
+    assert "| linear/column_split | fp32 | yes | yes |" in text
+
+
+def test_gemm_tables_count_broken_shapes_and_thread_counts(tmp_path):
+    folder = _folder(tmp_path)
+    findings = {
+        "fp32 K=8 N=8 F.linear T=16 threads=1": {"bad_M": [], "bad_offsets": []},
+        "fp32 K=8 N=8 F.linear T=16 threads=16": {"bad_M": [3], "bad_offsets": []},
+        "fp32 K=8 N=8 F.linear T=16 threads_differing_from_1": [16],
+        "fp32 K=4 N=8 F.linear T=16 threads=1": {"bad_M": [], "bad_offsets": []},
+        "fp32 K=4 N=8 F.linear T=16 threads=16": {"bad_M": [], "bad_offsets": []},
+        "fp32 K=4 N=8 F.linear T=16 threads_differing_from_1": [],
+    }
+    (folder / "gemm_tiles_x.json").write_text(
+        json.dumps({"mode": "tiles", "device_name": "cpu", "findings": findings})
+    )
+    rows = {"bf16 K=8 N=8 aligned_linear": {"bad_M": [], "bad_offsets": [1]}}
+    (folder / "gemm_rows_x.json").write_text(
+        json.dumps({"mode": "rows", "device_name": "GPU", "findings": rows})
+    )
+    text = "\n".join(portability_lines(tmp_path))
+    assert "| fp32 | F.linear | 16 | 1 of 2 | 16 | 16 |" in text
+    assert "GEMM row invariance by call: GPU" in text and "| bf16 | aligned_linear | 1 of 1 |" in text
+
+
+def test_malformed_files_get_one_clear_error(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / "invariance_bad.json").write_text('{"runs": []}')
+    with pytest.raises(AuditInputError, match="invariance_bad.json has no runs"):
+        portability_lines(tmp_path)
+    (folder / "invariance_bad.json").unlink()
+    (folder / "gemm_rows_bad.json").write_text(json.dumps({"findings": {"what is this": {}}}))
+    with pytest.raises(AuditInputError, match="unexpected entry"):
+        portability_lines(tmp_path)
