@@ -96,3 +96,18 @@ def test_inference_tensors_are_planned_every_call():
         after,
         _fresh(q.clone(), k_cache.clone(), v_cache.clone(), table.clone(), cu.clone(), kv_lens.clone(), 0.2),
     )
+
+
+def test_buffers_and_plans_made_under_inference_mode_do_not_leak_out_of_it():
+    # the engine's guard runs the kernel self-check under inference mode before a model trains
+    q, k_cache, v_cache, table, cu, kv_lens = _paged_inputs(4, [40, 12])
+    aligned_attention._plan_cache = None
+    with torch.inference_mode():
+        inside = ALIGNED.paged_attention(q, k_cache, v_cache, table, cu, kv_lens, 0.2)
+    with torch.no_grad():
+        outside = ALIGNED.paged_attention(q, k_cache, v_cache, table, cu, kv_lens, 0.2)
+    assert torch.equal(inside, outside)
+    q = q.clone().requires_grad_(True)
+    out = ALIGNED.paged_attention(q, k_cache, v_cache, table, cu, kv_lens, 0.2)
+    out.sum().backward()
+    assert torch.equal(out.detach(), outside) and q.grad is not None

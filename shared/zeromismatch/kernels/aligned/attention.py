@@ -145,6 +145,9 @@ def _scratch(name: str, shape: tuple[int, ...], dtype, device, reuse: bool) -> t
     workspace = getattr(_thread_state, "workspace", None)
     if workspace is None:
         workspace = _thread_state.workspace = {}
+    # a buffer made under inference mode is an inference tensor, which may not be written in place
+    # outside it: each mode keeps its own buffers
+    name = (name, torch.is_inference_mode_enabled())
     buf = workspace.get(name)
     if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != torch.device(device):
         buf = torch.empty(numel, dtype=dtype, device=device)
@@ -157,7 +160,8 @@ def _cached_plan(key: tuple, tensors: tuple[torch.Tensor, ...], build):
     global _plan_cache
     if any(t.is_inference() for t in tensors):  # no version counter: an in-place edit would go unseen
         return build()
-    key = (threading.get_ident(), *key)
+    # a plan built under inference mode holds inference tensors, which autograd may not save
+    key = (threading.get_ident(), torch.is_inference_mode_enabled(), *key)
     versions = tuple(t._version for t in tensors)
     hit = _plan_cache
     if (
