@@ -77,6 +77,13 @@ def hardware() -> dict[str, object]:
     return info
 
 
+def numerics() -> dict[str, object]:
+    """Process-wide switches that change which kernels run (and so, possibly, the bits)."""
+    from .kernels.aligned.gemm import gemm_tile_rows
+
+    return {"gemm_tile_rows": gemm_tile_rows()}
+
+
 def config_hash(config: object) -> str:
     blob = json.dumps(config, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
@@ -92,5 +99,6 @@ def provenance(config: object | None = None, argv: list[str] | None = None) -> d
         "python": sys.version.split()[0],
         "packages": package_versions(),
         "hardware": hardware(),
+        "numerics": numerics(),
         "config_hash": config_hash(config) if config is not None else None,
     }

@@ -341,7 +341,9 @@ def verify_invariance(
     if dtype not in names:  # fp64 / fp16 models: the checks cover fp32 and bf16 only
         return []
     device = torch.device(device)
-    key = (type(kernels), kernels.name, str(device), dtype, torch.get_num_threads())
+    from .aligned.gemm import gemm_tile_rows
+
+    key = (type(kernels), kernels.name, str(device), dtype, torch.get_num_threads(), gemm_tile_rows())
     if key not in _verified:
         results = run_checks(kernels, device, (names[dtype],))
         _verified[key] = [r for r in results if not r.identical]

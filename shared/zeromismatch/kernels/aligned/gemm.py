@@ -63,6 +63,18 @@ geomean over M in 1..512): 1.15-1.24 at 32768 elements, 0.92-0.98 at 65536.
 
 These are empirical facts about this library build, not guarantees of the libraries;
 tests/kernels/test_dense_invariance.py re-checks them with hypothesis on every run.
+
+Portable mode (``ZEROMISMATCH_GEMM_TILE_ROWS=16``, or ``set_gemm_tile_rows(16)``; off by default):
+the facts above did not carry over to another machine. On an Intel Xeon (AMX) with torch 2.11 /
+oneDNN 3.10.2 the fp32 and bf16 aligned GEMMs were not row-invariant, and on an H200 cuBLAS picks
+its kernel by M (results/reproduced/portability/). Both libraries did keep a row's bits when
+*every* call had the same shape: 16-row tiles through packed oneDNN (fp32 and bf16, 1/4/16
+threads, bits independent of the thread count) and through cuBLAS ``F.linear``. In this mode every
+GEMM call gets exactly T rows (the batch is cut into T-row tiles, the last one zero-padded), and
+the small fp32 K-pieces use per-piece oneDNN tiles instead of the batched MKL GEMM. On the CI CPU
+its bits equal the default mode's except for those small fp32 pieces (the row-parallel
+o_proj/down_proj of the tiny models); it costs 1.0-1.2x at hidden >= 1024 and up to 2-3x at
+K = 256 with M = 512 (one oneDNN call per 16 rows). Engine and trainer must run in the same mode.
 """
 
 from __future__ import annotations
@@ -90,6 +102,50 @@ BATCHED_MIN_COLS = 16
 BATCHED_MIN_ROWS = 16
 #: kept for callers of the first version of this module
 MIN_ROWS = FALLBACK_MIN_ROWS
+#: environment variable that turns on the portable fixed-tile mode (rows per GEMM call; 0 = off)
+TILE_ROWS_ENV = "ZEROMISMATCH_GEMM_TILE_ROWS"
+
+
+def _tile_rows_from_env() -> int:
+    raw = os.environ.get(TILE_ROWS_ENV, "0").strip() or "0"
+    try:
+        rows = int(raw)
+    except ValueError:
+        raise ValueError(f"{TILE_ROWS_ENV} must be 0 (off) or a row count >= 2, got {raw!r}") from None
+    _check_tile_rows(rows)
+    return rows
+
+
+def _check_tile_rows(rows: int) -> None:
+    if not isinstance(rows, int) or rows < 0 or rows == 1:
+        raise ValueError(f"{TILE_ROWS_ENV} must be 0 (off) or a row count >= 2, got {rows!r}")
+
+
+_tile_rows = _tile_rows_from_env()
+
+
+def gemm_tile_rows() -> int:
+    """Rows of every GEMM call in the portable mode; 0 when the mode is off (the default)."""
+    return _tile_rows
+
+
+def set_gemm_tile_rows(rows: int) -> None:
+    """Turn the portable fixed-tile mode on (``rows`` >= 2, e.g. 16) or off (0) for this process.
+    Packed weights stay valid (the mode changes the calls, not the packing)."""
+    global _tile_rows
+    _check_tile_rows(rows)
+    _tile_rows = rows
+
+
+def _in_tiles(call: Callable[[torch.Tensor], torch.Tensor], x2d: torch.Tensor) -> torch.Tensor:
+    """``call`` on consecutive ``_tile_rows``-row tiles of ``x2d`` (the last zero-padded), joined:
+    every library call sees the same shape, whatever M is (see the module docstring)."""
+    tile, (m, k) = _tile_rows, x2d.shape
+    pad = -m % tile
+    src = torch.cat((x2d, x2d.new_zeros(pad, k))) if pad else x2d.contiguous()
+    if m + pad == tile:
+        return call(src)[:m]
+    return torch.cat([call(src[i : i + tile]) for i in range(0, m + pad, tile)])[:m]
 
 
 def _onednn_available() -> bool:
@@ -236,6 +292,8 @@ def linear_prepacked(x2d: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     ``packed_experts`` (same bits as ``row_invariant_linear`` on the plain weight). A single
     row is padded to ``ONEDNN_MIN_ROWS``; x2d must be contiguous. No autograd."""
     m = x2d.shape[0]
+    if _tile_rows and m:
+        return _in_tiles(lambda tile: _LINEAR(tile, packed, None, "none", [None], ""), x2d)
     if m >= ONEDNN_MIN_ROWS[x2d.dtype]:
         return _LINEAR(x2d, packed, None, "none", [None], "")
     x2d = torch.cat((x2d, x2d.new_zeros(ONEDNN_MIN_ROWS[x2d.dtype] - m, x2d.shape[1])))
@@ -276,6 +334,12 @@ def uses_onednn(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
 
 def _onednn_forward(x2d: torch.Tensor, weight: torch.Tensor, cache: bool = True) -> torch.Tensor:
     m, n = x2d.shape[0], weight.shape[0]
+    if _tile_rows:
+        packed = packed_weight(weight, ONEDNN_MIN_COLS) if cache else None
+        if packed is None:
+            weight = weight.contiguous()
+            packed = _pad_rows(weight, ONEDNN_MIN_COLS) if n < ONEDNN_MIN_COLS else weight
+        return _in_tiles(lambda tile: _LINEAR(tile, packed, None, "none", [None], ""), x2d)[:, :n]
     padded = m < ONEDNN_MIN_ROWS[x2d.dtype]
     if padded:  # zero rows (rows never interact in a GEMM; padding only selects the kernel)
         x2d = torch.cat((x2d, x2d.new_zeros(ONEDNN_MIN_ROWS[x2d.dtype] - m, x2d.shape[1])))
@@ -332,6 +396,8 @@ def row_invariant_linear(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
 
 def uses_batched_pieces(piece_k: int, n: int, dtype: torch.dtype) -> bool:
     """Whether K-pieces ``[M, piece_k] x [piece_k, n]`` go through one batched GEMM (module docstring)."""
+    if _tile_rows:  # the batched MKL GEMM was not measured on other machines: per-piece oneDNN tiles
+        return False
     return dtype == torch.float32 and n >= BATCHED_MIN_COLS and piece_k * n <= BATCHED_PIECE_MAX_ELEMENTS
 
 
@@ -379,6 +445,12 @@ def row_invariant_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -
             row_invariant_linear(x2d[:, j * k : (j + 1) * k], weight[:, j * k : (j + 1) * k])
             for j in range(pieces)
         ]
+    if _tile_rows:
+        x_pieces = x2d.view(m, pieces, k).transpose(0, 1)
+        return [
+            _in_tiles(lambda tile, w_piece=w_piece: _LINEAR(tile, w_piece, None, "none", [None], ""), x_piece)
+            for x_piece, w_piece in zip(x_pieces, packed)
+        ]
     rows = max(m, ONEDNN_MIN_ROWS[x2d.dtype])
     # one copy lays the pieces out contiguously: [pieces, rows, k] (zero rows pad a single row)
     x_pieces = x2d.new_zeros(pieces, rows, k) if m < rows else x2d.new_empty(pieces, rows, k)
@@ -391,8 +463,11 @@ def _mkl_fallback(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     # always a fresh (allocator-aligned) buffer whose row stride is a multiple of 16 elements:
     # MKL dgemm picks a different kernel for rows that start misaligned (odd K, odd row)
     m, k = x2d.shape
-    rows = -(-m // FALLBACK_MIN_ROWS) * FALLBACK_MIN_ROWS
+    unit = _tile_rows or FALLBACK_MIN_ROWS
+    rows = -(-m // unit) * unit
     stride = -(-k // FALLBACK_MIN_ROWS) * FALLBACK_MIN_ROWS
     buf = x2d.new_zeros(rows, stride)
     buf[:m, :k] = x2d
+    if _tile_rows:  # e.g. cuBLAS, which picks its kernel by M: every call gets the same shape
+        return torch.cat([F.linear(buf[i : i + unit, :k], weight) for i in range(0, rows, unit)])[:m]
     return F.linear(buf[:, :k], weight)[:m]
