@@ -62,3 +62,21 @@ def test_malformed_files_get_one_clear_error(tmp_path):
     (folder / "gemm_rows_bad.json").write_text(json.dumps({"findings": {"what is this": {}}}))
     with pytest.raises(AuditInputError, match="unexpected entry"):
         portability_lines(tmp_path)
+
+
+def test_device_and_portable_mode_ops_tables(tmp_path):
+    folder = _folder(tmp_path)
+    cases = [
+        {"op": "linear", "shape": "M=1", "throughput_ratio": 0.25},
+        {"op": "linear", "throughput_ratio": 1.0},
+    ]
+    gpu = {"provenance": {"hardware": {"gpu": "NVIDIA H200"}, "git_commit": "abc"}}
+    (folder / "ops_cuda.json").write_text(json.dumps({"device": "cuda", "cases": cases, **gpu}))
+    cpu = {"hardware": {"cpu_model": "Some CPU"}, "numerics": {"gemm_tile_rows": 16}}
+    (folder / "ops_cpu-tiles.json").write_text(
+        json.dumps({"device": "cpu", "threads": 1, "cases": cases, "provenance": cpu})
+    )
+    text = "\n".join(portability_lines(tmp_path))
+    assert "Per-op throughput on NVIDIA H200, aligned ÷ default" in text and "not aligned there" in text
+    assert "Per-op throughput on Some CPU, portable mode (16-row GEMM tiles)" in text
+    assert text.count("| linear | 2 | 0.50 | 0.25 |") == 2

@@ -118,13 +118,22 @@ def _ops(path: Path) -> list[str]:
     for case in data.get("cases", []):
         ratios[case["op"]].append(float(case["throughput_ratio"]))
     commit = (data.get("provenance") or {}).get("git_commit", "unknown")
-    machine = _machine(data, ((data.get("provenance") or {}).get("hardware") or {}).get("gpu", "cpu"))
+    on_gpu = str(data.get("device", "cpu")).startswith("cuda")
+    hardware = (data.get("provenance") or {}).get("hardware") or {}
+    machine = _machine(data, hardware.get("gpu", "cpu") if on_gpu else "cpu")
+    tile_rows = ((data.get("provenance") or {}).get("numerics") or {}).get("gemm_tile_rows", 0)
+    mode = f", portable mode ({tile_rows}-row GEMM tiles)" if tile_rows else ""
+    note = (
+        "The CPU-aligned kernels run unchanged on this device; where the checks above say NO, they are "
+        "not aligned there, so this is a cost, not a like-for-like comparison."
+        if on_gpu
+        else f"Measured with {data.get('threads', '?')} thread(s); compare with the main ops table above."
+    )
     lines = [
-        f"### Per-op throughput on {machine}, aligned ÷ default "
+        f"### Per-op throughput on {machine}{mode}, aligned ÷ default "
         f"(`{'/'.join(SUITE)}/{path.name}`, git {commit})",
         "",
-        "The CPU-aligned kernels run unchanged on this device; where the checks above say NO, they are "
-        "not aligned there, so this is a cost, not a like-for-like comparison.",
+        note,
         "",
         "| op | shapes | geomean | worst |",
         "|---|---:|---:|---:|",
