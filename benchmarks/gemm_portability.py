@@ -9,7 +9,7 @@ tiny-model weight shapes, and writes which calls broke:
   with a prepacked and with an unpacked weight (padded oneDNN on the CPU, padded ``F.linear``
   elsewhere), raw oneDNN with the plain weight (CPU only) and plain ``F.linear`` (MKL on the
   CPU, cuBLAS on a GPU);
-- ``tiles``: the same with *every* library call exactly T rows (T = 16, 32; the batch is cut
+- ``tiles``: the same with *every* library call exactly T rows (``--tiles``, default 16, 32; the batch is cut
   into T-row tiles, the last zero-padded), at 1, 4 and 16 torch threads on the CPU, plus whether
   the thread count changes a tile's bits. Fixed shapes are what batch-invariant GPU kernels use;
   this asks whether the stock libraries give the same guarantee when only the shape is fixed.
@@ -82,7 +82,7 @@ def _tiled(fn: Callable, x: torch.Tensor, tile: int) -> torch.Tensor:
     return torch.cat([fn(padded[i : i + tile].contiguous()) for i in range(0, rows + pad, tile)])[:rows]
 
 
-def probe_tiles(device: torch.device, progress) -> dict:
+def probe_tiles(device: torch.device, progress, tiles: tuple[int, ...] = (16, 32)) -> dict:
     threads = [1, 4, 16] if device.type == "cpu" else [torch.get_num_threads()]
     saved = torch.get_num_threads()
     out = {}
@@ -99,7 +99,7 @@ def probe_tiles(device: torch.device, progress) -> dict:
             else:
                 calls = {"F.linear": lambda a, w=w: F.linear(a, w)}
             for name, fn in calls.items():
-                for tile in (16, 32):
+                for tile in tiles:
                     outputs = {}
                     for t in threads:
                         torch.set_num_threads(t)
@@ -124,8 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--mode", choices=("rows", "tiles"), default="rows")
     parser.add_argument("--out", default="", help="write the findings as JSON (with provenance) here")
+    parser.add_argument("--tiles", default="16,32", help="tiles mode: comma-separated rows per call")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    try:
+        tiles = tuple(int(t) for t in args.tiles.split(","))
+    except ValueError:
+        parser.error(f"--tiles must be comma-separated integers, got {args.tiles!r}")
+    if any(t < 1 for t in tiles):
+        parser.error(f"--tiles must be positive, got {args.tiles!r}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device} but torch sees no CUDA device")
@@ -134,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         return tqdm(items, disable=args.quiet, desc=args.mode)
 
     with torch.no_grad():  # not inference mode: the aligned linear may prepack these weights
-        findings = (probe_rows if args.mode == "rows" else probe_tiles)(device, progress)
+        if args.mode == "rows":
+            findings = probe_rows(device, progress)
+        else:
+            findings = probe_tiles(device, progress, tiles)
     broken = {
         key: value
         for key, value in findings.items()

@@ -89,3 +89,13 @@ def test_mode_is_recorded_and_re_verified(tiles):
     gemm.set_gemm_tile_rows(32)
     selfcheck.verify_invariance(ALIGNED, "cpu", torch.bfloat16)
     assert len(selfcheck._verified) >= before + 1  # a new mode is measured anew
+
+
+def test_fixed_batch_attention_matmul_has_the_plain_bits_on_this_cpu():
+    # the portable mode's attention GEMMs off the CPU go in calls of a fixed batch count; on this
+    # CPU the batched matmul is batch-count invariant (>= 16 rows), so both orders agree bitwise
+    from zeromismatch.kernels.aligned.attention import _fixed_batch_matmul
+
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(7, 1, 16, 64, generator=gen), torch.randn(7, 5, 64, 64, generator=gen)
+    assert torch.equal(_fixed_batch_matmul(a, b, (7, 5)), torch.matmul(a, b))

@@ -53,6 +53,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .gemm import gemm_tile_rows
+
 #: key positions per block; every query's softmax is combined over blocks of this size
 KEY_BLOCK = 64
 #: minimum rows of every batched attention GEMM. Measured (torch 2.13 + MKL, fp32 batched
@@ -65,6 +67,8 @@ _BATCHED_ROWS = 16
 _ROW_TILE = 256
 #: most query rows of equal-length sequences batched into one group
 _GROUP_ROWS = 2048
+#: matrices per batched GEMM call in the portable mode off the CPU (every call the same shape)
+_BATCH_TILE = 16
 _NEG_INF = float("-inf")
 
 
@@ -446,9 +450,29 @@ def gather_rows_reusing_buffer(src: torch.Tensor, index: torch.Tensor, name: str
     return torch.index_select(src, 0, index, out=buf)
 
 
+def _fixed_batch_matmul(a: torch.Tensor, b: torch.Tensor, batch_shape: tuple[int, ...]) -> torch.Tensor:
+    """``a @ b`` over the flattened ``batch_shape``, in calls of exactly ``_BATCH_TILE`` matrices (the
+    last call zero-padded): the portable mode off the CPU, where cuBLAS picks its fp32 batched kernel
+    by the batch count (measured on an H200; see gemm.py's portable mode)."""
+    a = a.expand(*batch_shape, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    b = b.expand(*batch_shape, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    count = a.shape[0]
+    pad = -count % _BATCH_TILE
+    if pad:
+        a = torch.cat((a, a.new_zeros(pad, *a.shape[1:])))
+        b = torch.cat((b, b.new_zeros(pad, *b.shape[1:])))
+    parts = [
+        torch.matmul(a[i : i + _BATCH_TILE], b[i : i + _BATCH_TILE])
+        for i in range(0, count + pad, _BATCH_TILE)
+    ]
+    return torch.cat(parts)[:count].view(*batch_shape, a.shape[1], b.shape[2])
+
+
 def _per_head_matmul(name: str, a, b, shape, reuse: bool) -> torch.Tensor:
     """``stack([a[h] @ b(h) for h])``: one batched GEMM per KV head (b(h) is a strided view of the
     token-major keys/values), written into one buffer when no autograd is needed."""
+    if gemm_tile_rows() and a.device.type != "cpu":
+        return torch.stack([_fixed_batch_matmul(a[h], b(h), shape[1:-2]) for h in range(shape[0])])
     if not reuse:
         return torch.stack([torch.matmul(a[h], b(h)) for h in range(shape[0])])
     result = _scratch(name, shape, torch.float32, a.device, True)
