@@ -64,17 +64,19 @@ geomean over M in 1..512): 1.15-1.24 at 32768 elements, 0.92-0.98 at 65536.
 These are empirical facts about this library build, not guarantees of the libraries;
 tests/kernels/test_dense_invariance.py re-checks them with hypothesis on every run.
 
-Portable mode (``ZEROMISMATCH_GEMM_TILE_ROWS=16``, or ``set_gemm_tile_rows(16)``; off by default):
-the facts above did not carry over to another machine. On an Intel Xeon (AMX) with torch 2.11 /
-oneDNN 3.10.2 the fp32 and bf16 aligned GEMMs were not row-invariant, and on an H200 cuBLAS picks
-its kernel by M (results/reproduced/portability/). Both libraries did keep a row's bits when
-*every* call had the same shape: 16-row tiles through packed oneDNN (fp32 and bf16, 1/4/16
-threads, bits independent of the thread count) and through cuBLAS ``F.linear``. In this mode every
-GEMM call gets exactly T rows (the batch is cut into T-row tiles, the last one zero-padded), and
-the small fp32 K-pieces use per-piece oneDNN tiles instead of the batched MKL GEMM. On the CI CPU
-its bits equal the default mode's except for those small fp32 pieces (the row-parallel
-o_proj/down_proj of the tiny models); it costs 1.0-1.2x at hidden >= 1024 and up to 2-3x at
-K = 256 with M = 512 (one oneDNN call per 16 rows). Engine and trainer must run in the same mode.
+Portable mode (``ZEROMISMATCH_GEMM_TILE_ROWS=8`` or ``16``, or ``set_gemm_tile_rows``; off by
+default): the facts above did not carry over to another machine. On an Intel Xeon (AMX) with torch
+2.11 / oneDNN 3.10.2 the fp32 and bf16 aligned GEMMs were not row-invariant, and on an H200 cuBLAS
+picks its kernel by M (results/reproduced/portability/). Both libraries did keep a row's bits
+when *every* call had the same shape: T-row tiles (T = 4, 8, 16) through packed oneDNN (fp32 and
+bf16, 1/4/16 threads, bits independent of the thread count) and through cuBLAS ``F.linear``. In
+this mode every GEMM call gets exactly T rows (the batch is cut into T-row tiles, the last one
+zero-padded), and the small fp32 K-pieces use per-piece oneDNN tiles instead of the batched MKL
+GEMM. On the CI CPU its bits equal the default mode's except for those small fp32 pieces (the
+row-parallel o_proj/down_proj of the tiny models); it costs speed, mostly by padding M < T rows to
+a full tile (docs/parity.md, "Portability"). Column slices of the weight (column-parallel shards)
+are still calls of another shape, which fp32 cuBLAS computes differently. Engine and trainer must
+run in the same mode.
 """
 
 from __future__ import annotations
