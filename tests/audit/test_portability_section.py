@@ -21,14 +21,14 @@ def test_no_files_no_section(tmp_path):
     assert portability_lines(tmp_path) == []
 
 
-def test_invariance_columns_come_from_a_real_zm_invariance_run(tmp_path):
+def test_invariance_rows_come_from_a_real_zm_invariance_run(tmp_path):
     out = _folder(tmp_path) / "invariance_here.json"
     args = ["invariance", "--kernels", "aligned,default", "--only", "linear", "--dtype", "fp32", "--quiet"]
     assert main([*args, "--out", str(out)]) == 0
-    text = "\n".join(portability_lines(tmp_path))
-    assert "invariance_here.json" in text and "aligned · " in text and "default · " in text
-    assert "| linear/rows | fp32 | yes | **NO** |" in text  # aligned holds, default breaks, on this CPU
-    assert "| linear/column_split | fp32 | yes | yes |" in text
+    rows = [line for line in portability_lines(tmp_path) if line.startswith("| `invariance_here.json`")]
+    assert len(rows) == 2
+    assert "| aligned |" in rows[0] and rows[0].endswith("| off | 2/2 | - |")  # holds on this CPU
+    assert "| default |" in rows[1] and rows[1].endswith("| off | 1/2 | linear/rows fp32 |")
 
 
 def test_gemm_tables_count_broken_shapes_and_thread_counts(tmp_path):
@@ -40,17 +40,18 @@ def test_gemm_tables_count_broken_shapes_and_thread_counts(tmp_path):
         "fp32 K=4 N=8 F.linear T=16 threads=1": {"bad_M": [], "bad_offsets": []},
         "fp32 K=4 N=8 F.linear T=16 threads=16": {"bad_M": [], "bad_offsets": []},
         "fp32 K=4 N=8 F.linear T=16 threads_differing_from_1": [],
+        "bf16 K=4 N=8 F.linear T=16 threads=1": {"bad_M": [], "bad_offsets": []},
+        "bf16 K=4 N=8 F.linear T=16 threads_differing_from_1": [],
     }
-    (folder / "gemm_tiles_x.json").write_text(
-        json.dumps({"mode": "tiles", "device_name": "cpu", "findings": findings})
-    )
+    tiles = {"mode": "tiles", "device_name": "cpu", "torch": "2.x", "findings": findings}
+    (folder / "gemm_tiles_x.json").write_text(json.dumps(tiles))
     rows = {"bf16 K=8 N=8 aligned_linear": {"bad_M": [], "bad_offsets": [1]}}
     (folder / "gemm_rows_x.json").write_text(
         json.dumps({"mode": "rows", "device_name": "GPU", "findings": rows})
     )
     text = "\n".join(portability_lines(tmp_path))
-    assert "| fp32 | F.linear | 16 | 1 of 2 | 16 | 16 |" in text
-    assert "GEMM row invariance by call: GPU" in text and "| bf16 | aligned_linear | 1 of 1 |" in text
+    assert "| F.linear | 16 | 1/2 (at 16 threads); bits change at 16 threads | 0/1 |" in text
+    assert "| GPU, torch ? | `gemm_rows_x.json` (unknown) | aligned_linear | - | 1/1 |" in text
 
 
 def test_malformed_files_get_one_clear_error(tmp_path):

@@ -31,30 +31,33 @@ def _machine(data: dict, device_name: str) -> str:
     return device_name if device_name not in ("cpu", "") else cpu
 
 
-def _invariance(path: Path) -> list[str]:
-    data = read_json(path, "invariance report")
-    runs = data.get("runs") if isinstance(data, dict) else None
-    if not runs:
-        raise AuditInputError(f"invariance report {path} has no runs")
-    labels = [
-        f"{r['kernels']} · {_machine(data, r['device_name'])} · {r['torch_threads']} thr · torch {r['torch']}"
-        for r in runs
-    ]
-    rows: dict[tuple[str, str, str], list[str]] = {}
-    for index, run in enumerate(runs):
-        for check in run["checks"]:
-            cells = rows.setdefault((check["op"], check["prop"], check["dtype"]), ["-"] * len(runs))
-            cells[index] = "yes" if check["identical"] else "**NO**"
-    commit = (data.get("provenance") or {}).get("git_commit", "unknown")
+def _commit(data: dict) -> str:
+    return str((data.get("provenance") or {}).get("git_commit", "unknown"))[:12]
+
+
+def _invariance(paths: list[Path]) -> list[str]:
+    """One row per run of every file: which checks broke."""
     lines = [
-        f"### Invariance checks (`{'/'.join(SUITE)}/{path.name}`, git {commit})",
+        "### Invariance checks (`zm invariance`: 9 checks × fp32/bf16 per run)",
         "",
-        "| check | dtype | " + " | ".join(labels) + " |",
-        "|---|---|" + "---|" * len(labels),
+        "| file | kernels | machine | threads | torch | GEMM tiles | identical | broken |",
+        "|---|---|---|---:|---|---:|---:|---|",
     ]
-    lines += [
-        f"| {op}/{prop} | {dtype} | " + " | ".join(cells) + " |" for (op, prop, dtype), cells in rows.items()
-    ]
+    for path in paths:
+        data = read_json(path, "invariance report")
+        runs = data.get("runs") if isinstance(data, dict) else None
+        if not runs:
+            raise AuditInputError(f"invariance report {path} has no runs")
+        tiles = ((data.get("provenance") or {}).get("numerics") or {}).get("gemm_tile_rows", 0) or "off"
+        for run in runs:
+            checks = run["checks"]
+            broken = [f"{c['op']}/{c['prop']} {c['dtype']}" for c in checks if not c["identical"]]
+            machine = _machine(data, run["device_name"])
+            held = f"{len(checks) - len(broken)}/{len(checks)}"
+            lines.append(
+                f"| `{path.name}` ({_commit(data)}) | {run['kernels']} | {machine} | "
+                f"{run['torch_threads']} | {run['torch']} | {tiles} | {held} | {', '.join(broken) or '-'} |"
+            )
     return lines
 
 
@@ -63,52 +66,65 @@ _KEY = re.compile(
 )
 
 
-def _gemm(path: Path) -> list[str]:
+def _gemm_groups(path: Path) -> tuple[dict, dict]:
+    """Per (call, tile, dtype): {"shapes": set, "broken": {(shape, threads)}, "thread_changes": set}."""
     data = read_json(path, "GEMM portability report")
-    machine = _machine(data, data.get("device_name", ""))
-    tiles = data.get("mode") == "tiles"
-    broken: dict[tuple, set] = defaultdict(set)
-    shapes: dict[tuple, set] = defaultdict(set)
-    thread_changes: dict[tuple, set] = defaultdict(set)
+    groups: dict[tuple, dict] = defaultdict(
+        lambda: {"shapes": set(), "broken": set(), "thread_changes": set()}
+    )
     for key, value in data.get("findings", {}).items():
         match = _KEY.match(key)
         if match is None:
             raise AuditInputError(f"GEMM portability report {path}: unexpected entry {key!r}")
-        group = (match["dtype"], match["call"], match["tile"] or "")
-        shape = (match["k"], match["n"])
+        group = groups[(match["call"], match["tile"] or "", match["dtype"])]
         rest = match["rest"] or ""
         if rest.startswith("threads_differing"):
-            thread_changes[group] |= {str(t) for t in value}
+            group["thread_changes"] |= {str(t) for t in value}
             continue
-        shapes[group].add(shape)
+        shape = (match["k"], match["n"])
+        group["shapes"].add(shape)
         if value["bad_M"] or value["bad_offsets"]:
-            broken[group].add((shape, rest.removeprefix("threads=")))
-    title = "fixed T-row tiles" if tiles else "row invariance by call"
-    commit = (data.get("provenance") or {}).get("git_commit", "unknown")
+            group["broken"].add((shape, rest.removeprefix("threads=")))
+    return data, groups
+
+
+def _broken_cell(group: dict | None, tiles: bool) -> str:
+    if group is None:
+        return "-"
+    cell = f"{len({s for s, _ in group['broken']})}/{len(group['shapes'])}"
+    if tiles and group["broken"]:
+        cell += f" (at {', '.join(sorted({t for _, t in group['broken']}, key=int))} threads)"
+    if tiles and group["thread_changes"]:
+        cell += f"; bits change at {', '.join(sorted(group['thread_changes'], key=int))} threads"
+    return cell
+
+
+def _gemm(paths: list[Path], tiles: bool) -> list[str]:
+    title = (
+        "### GEMM calls of a fixed row count T (`benchmarks/gemm_portability.py --mode tiles`)"
+        if tiles
+        else "### GEMM row invariance by call (`benchmarks/gemm_portability.py --mode rows`)"
+    )
     lines = [
-        f"### GEMM {title}: {machine}, torch {data.get('torch', '?')} "
-        f"(`{'/'.join(SUITE)}/{path.name}`, git {commit})",
+        title,
         "",
+        "Weight shapes (of 5) on which some row count or row offset changed a row's bits"
+        + (", at 1/4/16 threads on a CPU." if tiles else "."),
+        "",
+        "| machine | file | call | " + ("T | " if tiles else "") + "fp32 | bf16 |",
+        "|---|---|---|" + ("---:|" if tiles else "") + "---|---|",
     ]
-    if tiles:
-        lines += [
-            "| dtype | call | T | shapes broken | at threads | thread count changes bits |",
-            "|---|---|---:|---:|---|---|",
-        ]
-    else:
-        lines += ["| dtype | call | shapes broken |", "|---|---|---:|"]
-    for group in sorted(shapes):
-        dtype, call, tile = group
-        hits = broken.get(group, set())
-        if tiles:
-            at = sorted({t for _, t in hits}, key=int)
-            changes = ", ".join(sorted(thread_changes.get(group, set()), key=int)) or "no"
+    for path in paths:
+        data, groups = _gemm_groups(path)
+        machine = f"{_machine(data, data.get('device_name', ''))}, torch {data.get('torch', '?')}"
+        for call, tile in sorted({(c, t) for c, t, _ in groups}, key=lambda ct: (ct[0], int(ct[1] or 0))):
+            cells = [_broken_cell(groups.get((call, tile, dtype)), tiles) for dtype in ("fp32", "bf16")]
             lines.append(
-                f"| {dtype} | {call} | {tile} | {len({s for s, _ in hits})} of {len(shapes[group])} | "
-                f"{', '.join(at) or '-'} | {changes} |"
+                f"| {machine} | `{path.name}` ({_commit(data)}) | {call} | "
+                + (f"{tile} | " if tiles else "")
+                + " | ".join(cells)
+                + " |"
             )
-        else:
-            lines.append(f"| {dtype} | {call} | {len(hits)} of {len(shapes[group])} |")
     return lines
 
 
@@ -151,9 +167,15 @@ def portability_lines(results_root: Path) -> list[str]:
     """Markdown lines for every portability file present (empty when there are none)."""
     folder = Path(results_root).joinpath(*SUITE)
     lines: list[str] = []
-    for pattern, render in (("invariance_*.json", _invariance), ("gemm_*.json", _gemm), ("ops_*.json", _ops)):
-        for path in sorted(folder.glob(pattern)):
-            lines += ["", *render(path)]
+    invariance = sorted(folder.glob("invariance_*.json"))
+    if invariance:
+        lines += ["", *_invariance(invariance)]
+    for prefix, tiles in (("gemm_rows_", False), ("gemm_tiles_", True)):
+        paths = sorted(folder.glob(f"{prefix}*.json"))
+        if paths:
+            lines += ["", *_gemm(paths, tiles)]
+    for path in sorted(folder.glob("ops_*.json")):
+        lines += ["", *_ops(path)]
     if lines:
         lines = [
             "",
