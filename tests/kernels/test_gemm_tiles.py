@@ -99,3 +99,32 @@ def test_fixed_batch_attention_matmul_has_the_plain_bits_on_this_cpu():
     gen = torch.Generator().manual_seed(1)
     a, b = torch.randn(7, 1, 16, 64, generator=gen), torch.randn(7, 5, 64, 64, generator=gen)
     assert torch.equal(_fixed_batch_matmul(a, b, (7, 5)), torch.matmul(a, b))
+
+
+@pytest.mark.slow
+def test_parity_chain_holds_in_tile_mode_across_processes_and_tp():
+    # the mode is a process-wide switch: the engine's TP workers inherit it from the environment
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, gemm.TILE_ROWS_ENV: "8"}
+    args = ["--model", "tiny-qwen3-moe", "--kernels", "aligned", "--num-prompts", "4", "--max-tokens", "8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "zeromismatch.cli",
+        "parity",
+        *args,
+        "--tp",
+        "2",
+        "--trainer-tp",
+        "1",
+        "--json",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["identical"] is True and result["diff_max"] == 0.0 and result["tokens"] > 0
+    assert result["numerics"] == {"gemm_tile_rows": 8}

@@ -215,6 +215,9 @@ def run(args) -> int:
     except (ValueError, TypeError) as err:
         print(f"zm parity: {err}", file=sys.stderr)
         return 2
+    from .._provenance import numerics
+
+    result = {**result, "numerics": numerics()}  # e.g. the portable GEMM mode this ran in
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
