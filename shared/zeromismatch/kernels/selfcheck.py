@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .aligned.gemm import gemm_tile_rows
 from .base import KernelSet
 from .quant import quantize_fp8, quantize_nvfp4
 
@@ -341,8 +342,6 @@ def verify_invariance(
     if dtype not in names:  # fp64 / fp16 models: the checks cover fp32 and bf16 only
         return []
     device = torch.device(device)
-    from .aligned.gemm import gemm_tile_rows
-
     key = (type(kernels), kernels.name, str(device), dtype, torch.get_num_threads(), gemm_tile_rows())
     if key not in _verified:
         results = run_checks(kernels, device, (names[dtype],))
