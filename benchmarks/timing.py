@@ -88,7 +88,7 @@ def to_device(obj: Any, device: torch.device) -> Any:
         return obj.to(device)
     if isinstance(obj, (list, tuple)):
         moved = [to_device(item, device) for item in obj]
-        return type(obj)(moved) if isinstance(obj, list) or type(obj) is tuple else type(obj)(*moved)
+        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)  # namedtuple or not
     if isinstance(obj, dict):
         return {key: to_device(value, device) for key, value in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

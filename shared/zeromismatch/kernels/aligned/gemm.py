@@ -336,21 +336,17 @@ def uses_onednn(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
 
 def _onednn_forward(x2d: torch.Tensor, weight: torch.Tensor, cache: bool = True) -> torch.Tensor:
     m, n = x2d.shape[0], weight.shape[0]
+    packed = packed_weight(weight, ONEDNN_MIN_COLS) if cache else None
+    if packed is None:
+        weight = weight.contiguous()
+        packed = _pad_rows(weight, ONEDNN_MIN_COLS) if n < ONEDNN_MIN_COLS else weight
     if _tile_rows:
-        packed = packed_weight(weight, ONEDNN_MIN_COLS) if cache else None
-        if packed is None:
-            weight = weight.contiguous()
-            packed = _pad_rows(weight, ONEDNN_MIN_COLS) if n < ONEDNN_MIN_COLS else weight
         return _in_tiles(lambda tile: _LINEAR(tile, packed, None, "none", [None], ""), x2d)[:, :n]
     padded = m < ONEDNN_MIN_ROWS[x2d.dtype]
     if padded:  # zero rows (rows never interact in a GEMM; padding only selects the kernel)
         x2d = torch.cat((x2d, x2d.new_zeros(ONEDNN_MIN_ROWS[x2d.dtype] - m, x2d.shape[1])))
     elif not x2d.is_contiguous():
         x2d = x2d.contiguous()
-    packed = packed_weight(weight, ONEDNN_MIN_COLS) if cache else None
-    if packed is None:
-        weight = weight.contiguous()
-        packed = _pad_rows(weight, ONEDNN_MIN_COLS) if n < ONEDNN_MIN_COLS else weight
     out = _LINEAR(x2d, packed, None, "none", [None], "")
     if n < ONEDNN_MIN_COLS:
         return out[:m, :n]
