@@ -19,6 +19,8 @@ def test_defaults_and_normalisation():
         ({"temperature": -0.1}, ValueError, "temperature"),
         ({"temperature": float("nan")}, ValueError, "temperature"),
         ({"temperature": "hot"}, TypeError, "temperature"),
+        ({"temperature": 1e-40}, ValueError, "temperature"),  # logits / T overflowed to nan logprobs
+        ({"top_k": 2**63}, ValueError, "top_k"),  # overflowed the sampler's int64 tensor mid-step
         ({"top_p": 0.0}, ValueError, "top_p"),
         ({"top_p": 1.5}, ValueError, "top_p"),
         ({"top_k": 2.5}, TypeError, "top_k"),
@@ -32,3 +34,8 @@ def test_defaults_and_normalisation():
 def test_bad_values_are_rejected(kwargs, error, field):
     with pytest.raises(error, match=field):
         SamplingParams(**kwargs)
+
+
+def test_smallest_temperature_and_largest_top_k_are_accepted():
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5
+    assert SamplingParams(top_k=2**31 - 1).top_k == 2**31 - 1

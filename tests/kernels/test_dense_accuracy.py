@@ -245,3 +245,15 @@ def test_ops_are_differentiable_and_forward_bits_match_no_grad(dtype):
         assert torch.equal(out.detach(), expected), name
         out.float().sum().backward()
         assert xa.grad is not None and ga.grad is not None and torch.isfinite(xa.grad).all(), name
+
+
+def test_processed_logprobs_with_greedy_rows_are_differentiable():
+    # the greedy rows used to be written into log_softmax's output in place, which autograd
+    # rejected at backward ("modified by an inplace operation")
+    for kernels in (get_kernels("aligned"), get_kernels("default")):
+        logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+        temperature = torch.tensor([0.0, 1.0, 0.7])
+        top_k, top_p = torch.zeros(3, dtype=torch.int64), torch.ones(3)
+        out = kernels.processed_log_softmax(logits, temperature, top_k, top_p)
+        out[1:].sum().backward()
+        assert torch.isfinite(logits.grad).all() and torch.equal(logits.grad[0], torch.zeros(11))

@@ -19,6 +19,21 @@ from zeromismatch.rl import RLConfig
         ("update_mode", "yolo", "RLConfig.update_mode"),
         ("group_size", 1, "RLConfig.group_size"),
         ("eval_samples", -1, "RLConfig.eval_samples"),
+        # session 7: these used to pass and fail late (after the warm start), crash, or never fail
+        ("lag", True, "RLConfig.lag"),
+        ("steps", True, "RLConfig.steps"),
+        ("micro_batch_size", 0, "RLConfig.micro_batch_size"),
+        ("lr", float("nan"), "RLConfig.lr"),
+        ("lr", "1e-3", "RLConfig.lr"),
+        ("sft_lr", float("inf"), "RLConfig.sft_lr"),
+        ("grad_clip", float("nan"), "RLConfig.grad_clip"),
+        ("temperature", 0.0, "temperature"),
+        ("temperature", -1.0, "temperature"),
+        ("top_p", 0.0, "top_p"),
+        ("top_k", 2.5, "top_k"),
+        ("logprobs_mode", "bogus", "logprobs_mode"),
+        ("lm_head_precision", "fp64", "RLConfig.lm_head_precision"),
+        ("algo_options", {"clip_eps": 0.2}, "RLConfig.algo_options"),
     ],
 )
 def test_bad_field_is_named(field, value, message):
@@ -40,5 +55,9 @@ def test_lag_schedule(lag):
 
 
 def test_round_trip():
-    config = RLConfig(env="tools", lag=8, algo_options={"cap": 2.0})
+    config = RLConfig(env="tools", lag=8, algo="tis", algo_options={"cap": 2.0})
     assert RLConfig.from_dict(config.to_dict()) == config
+
+
+def test_matching_algo_options_are_accepted():
+    assert RLConfig(algo="grpo", algo_options={"clip_eps": 0.1}).algo_options == {"clip_eps": 0.1}

@@ -309,3 +309,72 @@ def test_each_loss_learns_a_bandit_with_stale_rollouts(name):
         compute_loss(name, batch, **options).loss.backward()
         optimizer.step()
     assert float(torch.softmax(logits.detach(), -1)[2]) > 0.9
+
+
+# ---- flat groups and unsupported tokens (session 7 review) -------------------------------------
+@pytest.mark.parametrize("reward", [0.2, 0.4, 0.6, 0.8, 1 / 3])
+@pytest.mark.parametrize("size", [6, 7, 8, 16])
+def test_flat_groups_get_exactly_zero_advantage_in_float32(reward, size):
+    # an fp32 group mean of k/5 rewards is not exactly R: before the float64 statistics a flat
+    # group of 7 x 0.2 got a GRPO advantage of ~0.05, all in one direction
+    rewards = torch.full((size,), reward, dtype=torch.float32)
+    groups = torch.zeros(size, dtype=torch.int64)
+    assert torch.equal(group_mean_advantages(rewards, groups), torch.zeros(size))
+    assert torch.equal(group_normalized_advantages(rewards, groups), torch.zeros(size))
+
+
+@pytest.mark.parametrize("name", ["reinforce_zero", "grpo", "gspo", "tis"])
+def test_a_flat_group_gives_exactly_zero_gradient(name):
+    learner = torch.randn(7, 3, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+    batch = PolicyBatch(
+        learner_logprobs=learner,
+        rollout_logprobs=learner.detach() - 0.1,
+        mask=torch.ones(7, 3, dtype=torch.bool),
+        rewards=torch.full((7,), 0.2),
+        group_ids=torch.zeros(7, dtype=torch.int64),
+    )
+    compute_loss(name, batch).loss.backward()
+    assert torch.equal(learner.grad, torch.zeros_like(learner))
+
+
+def _support_batch(support):
+    batch = make_batch()
+    return PolicyBatch(
+        learner_logprobs=batch.learner_logprobs,
+        rollout_logprobs=batch.rollout_logprobs,
+        mask=batch.mask,
+        rewards=batch.rewards,
+        group_ids=batch.group_ids,
+        support=support,
+    )
+
+
+def test_unsupported_tokens_have_weight_zero_but_keep_their_response_length():
+    # row 2's second token (rho 2) leaves the current policy's support: its term drops out, the
+    # response still divides by |y| = 3, and its group's baseline is unchanged
+    support = torch.ones(4, 3, dtype=torch.bool)
+    support[2, 1] = False
+    batch = _support_batch(support)
+    out = reinforce_zero(batch)
+    # row 2's per-response term: A = -0.25, (1 * -1 + 4 * -1) / 3 instead of (1 + 2 + 4) * -1 / 3
+    full = -0.5 + 0.5 + 7 / 12 - 17 / 32
+    expected = full - 7 / 12 + (-0.25) * (-5.0) / 3
+    assert_close(out.loss, -expected / 4)
+    grad = grad_of(out, batch)
+    assert grad[2, 1] == 0.0
+    assert_close(grad[2, 2], 4 / 48)  # the other tokens keep their 1/|y| = 1/3 share
+    assert out.stats["ratio_min"] == 0.0
+
+
+def test_gspo_gives_a_response_with_an_unsupported_token_zero_gradient():
+    support = torch.ones(4, 3, dtype=torch.bool)
+    support[2, 0] = False
+    batch = _support_batch(support)
+    grad = grad_of(gspo(batch), batch)
+    assert torch.equal(grad[2], torch.zeros(3, dtype=F64))  # its geometric-mean ratio is 0
+    assert bool((grad[3, :2] != 0).any())
+
+
+def test_support_with_the_wrong_shape_is_rejected():
+    with pytest.raises(ValueError, match="support"):
+        _support_batch(torch.ones(4, 2, dtype=torch.bool))

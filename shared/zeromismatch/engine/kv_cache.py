@@ -135,6 +135,14 @@ class BlockManager:
         request.num_computed_tokens = len(blocks) * self.block_size
         return request.num_computed_tokens
 
+    def cancel_prefix_match(self, request: Request, version: int) -> None:
+        """Take back the hit counts of ``match_prefix`` for a request whose admission then failed
+        (the scheduler frees its blocks and matches again on a later step): a block counts as
+        served only once it is actually used."""
+        matched = request.block_ids[: request.num_hashed_blocks]
+        self.hits -= len(matched)
+        self.stale_hits -= sum(self.version_of_block.get(block, version) != version for block in matched)
+
     def register_computed(self, request: Request) -> None:
         """Register the request's newly completed full blocks (called after a forward)."""
         if not self.enable_prefix_caching or request.kv_version is None:

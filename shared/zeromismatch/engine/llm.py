@@ -21,6 +21,7 @@ set's lm_head precision (fix 4: aligned = fp32 head; default = activation-dtype 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -97,6 +98,10 @@ class LLM:
             raise ValueError("LLM(tp>1) is served by TensorParallelLLM; pass tp_group only from its workers")
         self.kernels = get_kernels(kernels) if isinstance(kernels, str) else kernels
         self.model = resolve_model(model, kernels, dtype, seed, quant, tp_group)
+        # a tensor-parallel rank must not carry on alone after a failed forward (its peers may be
+        # blocked in a collective): there a step's exception propagates and TensorParallelLLM
+        # takes the group down
+        self._recover_failed_steps = tp_group is None
         verify_for_model(self.kernels, self.model)
         self.vocab_size = int(self.model.config.vocab_size)
         model_max = int(self.model.config.max_position_embeddings)
@@ -163,7 +168,12 @@ class LLM:
         total = min(len(tokens) + params.max_tokens, self.max_model_len)
         if -(-total // self.block_manager.block_size) > self.block_manager.num_blocks:
             raise ValueError(f"request needs {total} tokens of KV cache; the cache holds fewer")
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id is None:
+            # automatic ids skip any id a caller chose for a request still in flight
+            request_id = str(next(self._ids))
+            while request_id in self._requests:
+                request_id = str(next(self._ids))
+        request_id = str(request_id)
         if request_id in self._requests and not self._requests[request_id].finished:
             raise ValueError(f"request id {request_id!r} is already in flight")
         seed = params.seed
@@ -193,15 +203,27 @@ class LLM:
         this step (finished or not) and of requests finished by a drain/abort since the last step."""
         return self._step(collect=True)
 
-    def _step(self, collect: bool) -> list[RequestOutput]:
-        # collect=False (generate): no per-step output snapshots (each copies the token lists);
-        # pending drain/abort outputs stay queued for the next step()
+    def _step(self, collect: bool, owned: set[str] | None = None) -> list[RequestOutput]:
+        # collect=False (generate): no per-step output snapshots (each copies the token lists) for
+        # generate's own requests (``owned``); the outputs of other requests that finish meanwhile
+        # (added through add_request) and of drains/aborts are queued for the next step()
         outputs: list[RequestOutput] = []
         if collect:
             outputs, self._pending = self._pending, []
         plan = self.scheduler.schedule(self.weight_version)
         self.num_preemptions += len(plan.preempted)
-        results = self.runner.execute(plan.chunks)
+        try:
+            results = self.runner.execute(plan.chunks)
+        except Exception as err:  # noqa: BLE001 - reported per request, the engine keeps serving
+            if not self._recover_failed_steps:
+                raise
+            failed = self._fail_requests([chunk.request for chunk in plan.chunks], err)
+            if collect:
+                outputs.extend(failed)
+            else:
+                self._pending.extend(o for o in failed if owned is None or o.request_id not in owned)
+            self.num_steps += 1
+            return outputs
         for chunk in plan.chunks:
             chunk.request.num_computed_tokens += chunk.num_tokens
             self.block_manager.register_computed(chunk.request)
@@ -222,8 +244,26 @@ class LLM:
                 self._requests.pop(request.request_id, None)
             if collect:
                 outputs.append(request.to_output())
+            elif request.finished and owned is not None and request.request_id not in owned:
+                self._pending.append(request.to_output())
         self.num_steps += 1
         return outputs
+
+    def _fail_requests(self, requests: list[Request], err: Exception) -> list[RequestOutput]:
+        """End the requests of a step whose forward raised: each gets ``finish_reason="error"`` with
+        the message, and its blocks back; the requests that were not in the step carry on."""
+        message = f"engine step failed: {type(err).__name__}: {err}"
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        failed = []
+        for request in requests:
+            if request.finished:
+                continue
+            self.scheduler.release(request)
+            request.status = RequestStatus.FINISHED_ERROR
+            request.error = message
+            self._requests.pop(request.request_id, None)
+            failed.append(request.to_output())
+        return failed
 
     def generate(
         self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None
@@ -242,8 +282,9 @@ class LLM:
             except (ValueError, TypeError) as err:
                 requests.append(None)
                 errors[i] = str(err)
+        owned = {r.request_id for r in requests if r is not None}
         while any(r is not None and not r.finished for r in requests):
-            self._step(collect=False)
+            self._step(collect=False, owned=owned)
         return [
             _error_output(f"error-{i}", prompts[i], params[i], errors[i]) if r is None else r.to_output()
             for i, r in enumerate(requests)

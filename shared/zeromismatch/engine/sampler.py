@@ -9,7 +9,8 @@ For a batch of rows (one per request that samples this step) the sampler
    i.i.d. per vocabulary entry (equivalent to sampling from softmax(logprob)); E = -log U
    with U ~ U[0, 1) drawn by ``uniform_`` from a ``torch.Generator`` seeded with
    ``mix(request seed, token index)`` (``uniform_`` measured ~6x cheaper than
-   ``exponential_`` per row on CPU; U = 0 gives E = inf, an entry that cannot win), so a
+   ``exponential_`` per row on CPU; U = 0 is raised to the smallest normal float, so that
+   E stays finite and an entry the distribution keeps can always win), so a
    request's draw never depends on which other requests share the batch, on its row in the
    batch, or on preemption;
 3. reports the sampled token's logprob in the request's ``logprobs_mode``: "processed"
@@ -26,6 +27,7 @@ import torch
 from .sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def mix_seed(seed: int, token_index: int) -> int:
@@ -115,7 +117,12 @@ class Sampler:
         for row, seed, index in zip(noise.unbind(0), seeds, token_indices):
             generator.manual_seed(mix_seed(seed, index))
             row.uniform_(generator=generator)
-        log_e = noise.log_().neg_().log_()  # log E, E = -log U ~ Exp(1); U = 0 -> +inf (never wins)
+        # U = 0 (probability 2^-24 per entry) would give E = inf and a race value of -inf: with a
+        # single finite entry (greedy, top_k = 1, a tiny top_p) every entry would then be -inf and
+        # argmax would return token 0, a token of probability 0. The smallest normal float instead
+        # keeps every entry finite; no other draw changes (every nonzero U is >= 2^-24).
+        noise.clamp_(min=_TINY)
+        log_e = noise.log_().neg_().log_()  # log E, E = -log U ~ Exp(1)
         race = processed.cpu() - log_e
         token_cpu = torch.argmax(race, dim=1)  # first maximum per row
         token_tensor = token_cpu.to(logits.device)

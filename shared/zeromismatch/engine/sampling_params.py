@@ -13,6 +13,10 @@ import math
 from dataclasses import dataclass
 
 LOGPROBS_MODES = ("processed", "raw")
+#: smallest non-zero temperature (vLLM's sampling epsilon); below it logits / T can overflow fp32
+MIN_TEMPERATURE = 1e-5
+#: largest |top_k| accepted (fits the sampler's int64 tensors with room to spare)
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,20 @@ class SamplingParams:
             )
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be finite and >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            # logits / T overflows fp32 for tiny T (1e-40 gave nan logprobs); vLLM treats T < 1e-5
+            # as greedy, here it is an error so that greedy is always asked for explicitly
+            raise ValueError(
+                f"SamplingParams.temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, "
+                f"got {self.temperature}"
+            )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise TypeError(f"SamplingParams.top_k must be an int, got {type(self.top_k).__name__}")
+        if abs(self.top_k) > MAX_TOP_K:  # the sampler holds top_k in an int64 tensor
+            raise ValueError(
+                f"SamplingParams.top_k must be at most {MAX_TOP_K} (any value >= the vocabulary size "
+                f"keeps every token), got {self.top_k}"
+            )
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
             raise TypeError(f"SamplingParams.top_p must be a number, got {type(self.top_p).__name__}")
         if not (0.0 < self.top_p <= 1.0):

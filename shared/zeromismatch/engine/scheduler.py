@@ -146,12 +146,15 @@ class Scheduler:
             request = self.waiting[0]
             if self.uses_state_slots and not self.free_slots:
                 break
-            if request.num_computed_tokens == 0:
+            matched = request.num_computed_tokens == 0
+            if matched:
                 request.num_cached_tokens = self.blocks.match_prefix(request, version)
                 if request.num_cached_tokens:
                     request.kv_version = version
             n = self._chunk_size(request, budget)
             if not self.blocks.allocate(request, n):
+                if matched:
+                    self.blocks.cancel_prefix_match(request, version)
                 self.blocks.free(request)
                 request.num_computed_tokens = 0
                 break

@@ -199,6 +199,28 @@ class TensorParallelLLM:
         return self._call("weight_version")
 
     @property
+    def max_model_len(self) -> int:
+        return self._call("max_model_len")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._call("vocab_size")
+
+    @property
+    def num_steps(self) -> int:
+        return self._call("num_steps")
+
+    @property
+    def num_preemptions(self) -> int:
+        return self._call("num_preemptions")
+
+    @property
+    def block_manager(self):
+        """A snapshot (a copy sent from rank 0) of the engine's block manager: its counters and
+        free blocks as of this call."""
+        return self._call("block_manager")
+
+    @property
     def num_generated_tokens(self) -> int:
         return self._call("num_generated_tokens")
 

@@ -8,8 +8,14 @@ run directory's ``config.json`` is enough to rerun or resume it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..engine.runner import LM_HEAD_PRECISIONS
+from ..engine.sampling_params import SamplingParams
+from ..train.losses import LOSSES
 
 ALGOS = ("reinforce_zero", "grpo", "gspo", "ppo_clip", "tis")
 EXECUTORS = ("inprocess", "ray")
@@ -85,22 +91,60 @@ class RLConfig:
             raise bad("dtype", f"must be one of {DTYPES}")
         if self.quant not in QUANTS:
             raise bad("quant", f"must be one of {QUANTS}")
-        if not isinstance(self.lag, int) or not 0 <= self.lag <= MAX_LAG:
+        def is_int(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def is_number(value) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+        if not is_int(self.lag) or not 0 <= self.lag <= MAX_LAG:
             raise bad("lag", f"must be an int in [0, {MAX_LAG}]")
-        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "eval_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        positive = (
+            "steps", "prompts_per_step", "group_size", "max_new_tokens", "eval_size", "micro_batch_size",
+        )  # fmt: skip
+        for name in positive:
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive int")
-        for name in ("sft_steps", "eval_every", "checkpoint_every", "eval_samples"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+        for name in ("sft_steps", "sft_batch", "eval_every", "checkpoint_every", "eval_samples"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative int")
         if self.group_size < 2 and self.algo in ("reinforce_zero", "grpo", "gspo"):
             raise bad("group_size", "group baselines need at least 2 responses per prompt")
-        if self.lr <= 0 or self.sft_lr <= 0:
-            raise ValueError(f"RLConfig: learning rates must be > 0 (lr={self.lr}, sft_lr={self.sft_lr})")
-        if self.grad_clip < 0:
-            raise bad("grad_clip", "must be >= 0")
-        if not isinstance(self.audit_rollout_version, bool):
-            raise bad("audit_rollout_version", "must be a bool")
+        for name in ("lr", "sft_lr"):
+            if not is_number(getattr(self, name)) or getattr(self, name) <= 0:
+                raise bad(name, "must be a finite number > 0")
+        for name in ("grad_clip", "step_latency_s"):
+            if not is_number(getattr(self, name)) or getattr(self, name) < 0:
+                raise bad(name, "must be a finite number >= 0")
+        for name in ("audit_rollout_version", "enable_prefix_caching", "prefix_cache_versioned", "wandb"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be a bool")
+        self._validate_sampling()
+        if self.lm_head_precision not in LM_HEAD_PRECISIONS:
+            raise bad("lm_head_precision", f"must be one of {LM_HEAD_PRECISIONS}")
+        accepted = set(inspect.signature(LOSSES[self.algo]).parameters) - {"batch"}
+        unknown = sorted(set(self.algo_options) - accepted)
+        if unknown:
+            raise bad("algo_options", f"{self.algo} takes only {sorted(accepted)}, not {unknown}")
+
+    def _validate_sampling(self) -> None:
+        """The rollout's sampling settings, checked now (not after the warm start) by the engine's
+        own rules; RL needs temperature > 0 (greedy groups have identical responses, and no
+        gradient: every sampled token has logprob 0)."""
+        try:
+            params = SamplingParams(
+                temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
+                max_tokens=self.max_new_tokens,
+                logprobs_mode=self.logprobs_mode,
+            )
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"RLConfig: {err}") from None
+        if params.greedy:
+            raise ValueError(
+                f"RLConfig.temperature: RL samples at temperature > 0 (got {self.temperature!r})"
+            )
 
     @property
     def engine_kernels(self) -> str:

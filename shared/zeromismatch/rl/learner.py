@@ -70,9 +70,18 @@ class Learner:
         self.config = config
         self.model = model if model is not None else build_policy(config, config.kernels, config.seed)
         self.version = 0
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.0)
+        self.optimizer = self._new_optimizer()
         # the shadow model evaluates the rollout version's weights for the mismatch decomposition
         self._shadow = None
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.parameters(), lr=self.config.lr, weight_decay=0.0)
+
+    def start_rl(self) -> None:
+        """Begin the RL phase with a fresh optimizer. The warm start's Adam moments would otherwise
+        keep moving the weights along the supervised direction at the RL learning rate (an RL step
+        with an all-zero gradient still changed them), and that motion would show up as weight lag."""
+        self.optimizer = self._new_optimizer()
 
     # ---- supervised warm start ------------------------------------------------------------------
     def sft_step(self, data: list[tuple[list[int], list[int], list[bool]]], lr: float) -> float:
@@ -152,19 +161,18 @@ class Learner:
             mask[i, :n] = m
             versions[i, :n] = torch.tensor(ep.versions)
         learner = torch.stack(learner_rows).float()
-        # A token the engine sampled can fall outside the trainer's top-k/top-p support when the
-        # two sides' logits differ (unaligned kernels): its processed logprob is -inf there. Such
-        # tokens cannot carry an importance weight; they are left out of the loss and counted.
-        support = torch.isfinite(learner.detach()) & torch.isfinite(then)
-        out_of_support = int((mask & ~support).sum())
-        mask = mask & support
-        learner = torch.where(support, learner, torch.zeros_like(learner))
-        then = torch.where(support, then, torch.zeros_like(then))
-        keep = mask.any(dim=1)
+        # A sampled token can have probability 0 under the current policy's top-k/top-p support:
+        # routinely at lag > 0 (the support moved since the rollout version), and also when the two
+        # sides' logits differ (unaligned kernels). Its processed logprob is -inf. Its importance
+        # weight is then exactly 0: it adds nothing to the loss, but it still counts in |y_i|, and
+        # its response still counts in B and in its group's baseline (``PolicyBatch.support``).
+        now_finite = torch.isfinite(learner.detach())
+        then_finite = torch.isfinite(then)
+        out_of_support = int((mask & ~(now_finite & then_finite)).sum())
+        learner = torch.where(now_finite, learner, torch.zeros_like(learner))
+        then = torch.where(then_finite, then, torch.zeros_like(then))
         rewards = torch.tensor([ep.reward for ep in episodes])
         group_ids = torch.tensor([ep.group_id for ep in episodes])
-        learner, rollout, then, mask, versions = (t[keep] for t in (learner, rollout, then, mask, versions))
-        rewards, group_ids = rewards[keep], group_ids[keep]
         # PPO has no built-in baseline: it gets the group-normalised advantage GRPO uses
         advantages = None
         if self.config.algo == "ppo_clip":
@@ -176,6 +184,7 @@ class Learner:
             rewards=rewards,
             group_ids=group_ids,
             advantages=advantages,
+            support=now_finite,
         )
         out = compute_loss(self.config.algo, policy, **self.config.algo_options)
         self.optimizer.zero_grad(set_to_none=True)
@@ -184,11 +193,15 @@ class Learner:
         self.optimizer.step()
         self.version += 1
 
-        kernel = mismatch.logprob_diff_stats(rollout[mask], then[mask])
+        # the kernel term compares the engine with the trainer at the same (rollout) version; the
+        # IS weights and the gap decomposition also need the current policy's logprob to be finite
+        kernel_tokens = mask & then_finite
+        both = kernel_tokens & now_finite
+        kernel = mismatch.logprob_diff_stats(rollout[kernel_tokens], then[kernel_tokens])
         stats = {f"kernel_{k}": v for k, v in kernel.items()}
         stats.update({k: kernel[k] for k in ("diff_max", "diff_mean", "diff_std", "k3_kl")})
-        stats.update(mismatch.is_weight_stats(learner.detach()[mask], rollout[mask]))
-        gap = mismatch.decompose_logprob_gap(learner.detach()[mask], then[mask], rollout[mask])
+        stats.update(mismatch.is_weight_stats(learner.detach()[both], rollout[both]))
+        gap = mismatch.decompose_logprob_gap(learner.detach()[both], then[both], rollout[both])
         stats.update({f"gap_{k}": v for k, v in gap.stats().items()})
         lag = mismatch.lag_stats(versions[mask], self.version - 1)
         stats.update({k: v for k, v in lag.items() if k.startswith("lag_")})
@@ -196,7 +209,7 @@ class Learner:
         stats["loss"] = float(out.loss.detach())
         # Monte-Carlo entropy of the sampling distribution: -E[log p] over the sampled tokens,
         # with the trainer's processed logprobs at the rollout version (engine-independent).
-        stats["entropy"] = float(-then[mask].double().mean())
+        stats["entropy"] = float(-then[kernel_tokens].double().mean())
         if unaudited:
             # "then" is the current learner here, not the rollout's version: these would mix weight
             # lag into the kernel term, so they are not reported

@@ -99,7 +99,7 @@ def compute_logprobs(
     prompts = [list(p) for p in prompts]
     responses = [list(r) for r in responses]
     for i, prompt in enumerate(prompts):
-        if not prompt:
+        if not prompt and responses[i]:  # an empty response (e.g. an engine error output) needs none
             raise ValueError(f"prompt {i} is empty")
     results: list[torch.Tensor | None] = [None] * len(prompts)
     todo = [i for i in range(len(prompts)) if responses[i]]

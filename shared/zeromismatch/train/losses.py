@@ -26,6 +26,7 @@ branch is strictly smaller than the unclipped one, i.e. where clipping removes t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,6 +62,10 @@ class PolicyBatch:
     group_ids: torch.Tensor  # [B] int, responses to the same prompt share an id
     old_logprobs: torch.Tensor | None = None  # [B, L] proximal-policy logprobs for ratio losses
     advantages: torch.Tensor | None = None  # [B] or [B, L], required by ppo_clip only
+    #: [B, L] bool: tokens the current policy gives a nonzero probability (None: all). A response
+    #: token outside it (its top-k/top-p support moved at lag > 0) has importance weight exactly 0:
+    #: it adds nothing to the loss or its gradient, yet counts in |y_i|, and its response in B
+    support: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         learner = self.learner_logprobs
@@ -81,6 +86,11 @@ class PolicyBatch:
             if bool(((self.mask != 0) & (self.mask != 1)).any()):
                 raise ValueError("mask must hold only 0/1 (or bool) values")
             self.mask = self.mask != 0
+        if self.support is not None:
+            if not isinstance(self.support, torch.Tensor) or self.support.shape != shape:
+                raise ValueError(f"support must be a tensor of shape {tuple(shape)}")
+            if self.support.dtype != torch.bool:
+                raise TypeError(f"support must be a bool tensor, got dtype {self.support.dtype}")
         lengths = self.mask.sum(-1)
         if bool((lengths == 0).any()):
             empty = torch.nonzero(lengths == 0).flatten().tolist()
@@ -100,12 +110,17 @@ class PolicyBatch:
                 raise ValueError(f"advantages must have shape ({batch},) or {tuple(shape)}")
         for name in ("learner_logprobs", "rollout_logprobs", "old_logprobs"):
             value = getattr(self, name)
-            if value is not None and not bool(torch.isfinite(value.detach()[self.mask]).all()):
-                raise ValueError(f"{name} has non-finite values at masked-in tokens")
+            if value is not None and not bool(torch.isfinite(value.detach()[self.active]).all()):
+                raise ValueError(f"{name} has non-finite values at masked-in, supported tokens")
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(-1)
+
+    @property
+    def active(self) -> torch.Tensor:
+        """Response tokens that carry an importance weight: ``mask`` and ``support``."""
+        return self.mask if self.support is None else self.mask & self.support
 
 
 @dataclass
@@ -119,26 +134,54 @@ def _float_dtype(batch: PolicyBatch) -> torch.dtype:
     return batch.learner_logprobs.dtype
 
 
-def group_mean_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """A_i = R_i - mean of R over the responses that share i's group id."""
+def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     _, inverse = torch.unique(group_ids, return_inverse=True)
-    count = int(inverse.max()) + 1
-    sums = torch.zeros(count, dtype=rewards.dtype).index_add_(0, inverse, rewards)
-    sizes = torch.zeros(count, dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
-    return rewards - (sums / sizes)[inverse]
+    return inverse, int(inverse.max()) + 1
+
+
+def _group_reduce(values: torch.Tensor, inverse: torch.Tensor, count: int, how: str) -> torch.Tensor:
+    if how == "sum":
+        return torch.zeros(count, dtype=values.dtype).index_add_(0, inverse, values)
+    fill = -math.inf if how == "amax" else math.inf
+    return torch.full((count,), fill, dtype=values.dtype).scatter_reduce(0, inverse, values, how)
+
+
+def _flat_groups(rewards64: torch.Tensor, inverse: torch.Tensor, count: int) -> torch.Tensor:
+    """Per response: does every response of its group have exactly the same reward?"""
+    highest = _group_reduce(rewards64, inverse, count, "amax")
+    lowest = _group_reduce(rewards64, inverse, count, "amin")
+    return (highest == lowest)[inverse]
+
+
+def _centred(rewards: torch.Tensor, group_ids: torch.Tensor):
+    """R_i - group mean in float64 (an fp32 mean of k/5-valued rewards is not exactly R in a flat
+    group: that gave flat groups a spurious advantage), exactly 0 in flat groups."""
+    rewards64 = rewards.to(torch.float64)
+    inverse, count = _group_index(group_ids)
+    sums = _group_reduce(rewards64, inverse, count, "sum")
+    sizes = _group_reduce(torch.ones_like(rewards64), inverse, count, "sum")
+    flat = _flat_groups(rewards64, inverse, count)
+    centred = torch.where(flat, torch.zeros_like(rewards64), rewards64 - (sums / sizes)[inverse])
+    return centred, flat, inverse, count, sizes
+
+
+def group_mean_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """A_i = R_i - mean of R over the responses that share i's group id (computed in float64,
+    returned in the rewards' dtype); exactly 0 for a group whose rewards are all equal."""
+    centred, *_ = _centred(rewards, group_ids)
+    return centred.to(rewards.dtype)
 
 
 def group_normalized_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6
 ) -> torch.Tensor:
-    """GRPO advantage: (R_i - group mean) / (population std of the group + eps); 0 for flat groups."""
-    centred = group_mean_advantages(rewards, group_ids)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    count = int(inverse.max()) + 1
-    squares = torch.zeros(count, dtype=rewards.dtype).index_add_(0, inverse, centred * centred)
-    sizes = torch.zeros(count, dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
+    """GRPO advantage: (R_i - group mean) / (population std of the group + eps); exactly 0 for flat
+    groups (float64 inside, returned in the rewards' dtype)."""
+    centred, flat, inverse, count, sizes = _centred(rewards, group_ids)
+    squares = _group_reduce(centred * centred, inverse, count, "sum")
     std = torch.sqrt(squares / sizes)[inverse]
-    return torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    normalized = torch.where(flat, torch.zeros_like(centred), centred / (std + eps))
+    return normalized.to(rewards.dtype)
 
 
 def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -157,8 +200,9 @@ def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str) ->
 
 
 def _base_stats(batch: PolicyBatch, advantages: torch.Tensor) -> dict[str, float]:
-    """Statistics every loss reports: rollout-vs-learner IS weights and advantages."""
-    is_stats = is_weight_stats(batch.learner_logprobs.detach(), batch.rollout_logprobs.detach(), batch.mask)
+    """Statistics every loss reports: rollout-vs-learner IS weights (over the supported tokens)
+    and advantages."""
+    is_stats = is_weight_stats(batch.learner_logprobs.detach(), batch.rollout_logprobs.detach(), batch.active)
     adv = advantages.detach().to(torch.float64)
     adv_tokens = adv[batch.mask] if adv.dim() == 2 else adv
     return {
@@ -176,20 +220,22 @@ def _base_stats(batch: PolicyBatch, advantages: torch.Tensor) -> dict[str, float
 def _reinforce_with_weights(
     batch: PolicyBatch, weights: torch.Tensor, advantages: torch.Tensor, aggregation: str
 ) -> torch.Tensor:
-    learner = _masked(batch.learner_logprobs, batch.mask)
-    per_token = _masked(weights.detach() * advantages[:, None] * learner, batch.mask)
+    learner = _masked(batch.learner_logprobs, batch.active)
+    per_token = _masked(weights.detach() * advantages[:, None] * learner, batch.active)
     return -_aggregate(per_token, batch.mask, aggregation)
 
 
-def _log_ratio_to_rollout(batch: PolicyBatch) -> torch.Tensor:
-    return _masked(batch.learner_logprobs.detach() - batch.rollout_logprobs.detach(), batch.mask)
+def _ratio_to_rollout(batch: PolicyBatch) -> torch.Tensor:
+    """exp(l_learner - l_rollout), detached; exactly 0 at unsupported tokens, 1 at padding."""
+    log_ratio = _masked(batch.learner_logprobs.detach() - batch.rollout_logprobs.detach(), batch.active)
+    return _masked(torch.exp(log_ratio), batch.active | ~batch.mask)
 
 
 def reinforce_zero(batch: PolicyBatch, aggregation: str = "seq_mean_token_mean") -> LossOutput:
     """REINFORCE Zero (S3): unclipped, stop-gradient token IS weights x group-mean advantage."""
     dtype = _float_dtype(batch)
     advantages = group_mean_advantages(batch.rewards.to(dtype), batch.group_ids)
-    ratio = torch.exp(_log_ratio_to_rollout(batch))
+    ratio = _ratio_to_rollout(batch)
     loss = _reinforce_with_weights(batch, ratio, advantages, aggregation)
     stats = _base_stats(batch, advantages)
     stats.update(loss=float(loss.detach()), clip_rate=0.0, **_ratio_stats(ratio, batch.mask))
@@ -202,7 +248,7 @@ def tis(batch: PolicyBatch, cap: float = 2.0, aggregation: str = "seq_mean_token
         raise ValueError(f"tis cap must be > 0, got {cap}")
     dtype = _float_dtype(batch)
     advantages = group_mean_advantages(batch.rewards.to(dtype), batch.group_ids)
-    ratio = torch.exp(_log_ratio_to_rollout(batch))
+    ratio = _ratio_to_rollout(batch)
     truncated = torch.clamp(ratio, max=cap)
     loss = _reinforce_with_weights(batch, truncated, advantages, aggregation)
     stats = _base_stats(batch, advantages)
@@ -247,6 +293,18 @@ def _proximal_logprobs(batch: PolicyBatch) -> torch.Tensor:
     return old.detach()
 
 
+def _log_ratio_to_proximal(batch: PolicyBatch) -> torch.Tensor:
+    """l_learner - l_old with gradient at the supported response tokens, 0 elsewhere."""
+    return _masked(batch.learner_logprobs, batch.active) - _masked(_proximal_logprobs(batch), batch.active)
+
+
+def _ratio_to_proximal(batch: PolicyBatch) -> torch.Tensor:
+    """Token ratios exp(l_learner - l_old): exactly 0 (no gradient) at unsupported tokens, so their
+    clipped objective min(0, clip(0) A) is a constant; 1 at padding (never aggregated)."""
+    ratio = torch.exp(_log_ratio_to_proximal(batch))
+    return _masked(ratio, batch.active | ~batch.mask)
+
+
 def grpo(
     batch: PolicyBatch,
     clip_eps: float = 0.2,
@@ -258,8 +316,7 @@ def grpo(
     eps_low, eps_high = _check_clip(clip_eps, clip_eps_high)
     dtype = _float_dtype(batch)
     advantages = group_normalized_advantages(batch.rewards.to(dtype), batch.group_ids, std_eps)
-    learner = _masked(batch.learner_logprobs, batch.mask)
-    ratio = torch.exp(learner - _masked(_proximal_logprobs(batch), batch.mask))
+    ratio = _ratio_to_proximal(batch)
     objective, clip_active = _clipped_objective(ratio, advantages[:, None], eps_low, eps_high)
     loss = -_aggregate(_masked(objective, batch.mask), batch.mask, aggregation)
     stats = _base_stats(batch, advantages)
@@ -282,9 +339,11 @@ def gspo(
     eps_low, eps_high = _check_clip(clip_eps, clip_eps_high)
     dtype = _float_dtype(batch)
     advantages = group_normalized_advantages(batch.rewards.to(dtype), batch.group_ids, std_eps)
-    learner = _masked(batch.learner_logprobs, batch.mask)
-    log_ratio = learner - _masked(_proximal_logprobs(batch), batch.mask)
+    log_ratio = _log_ratio_to_proximal(batch)
     sequence_ratio = torch.exp(log_ratio.sum(-1) / batch.lengths.to(dtype))
+    # one token of probability 0 makes the geometric mean 0: the whole response then has weight 0
+    fully_supported = (batch.active == batch.mask).all(-1)
+    sequence_ratio = _masked(sequence_ratio, fully_supported)
     objective, clip_active = _clipped_objective(sequence_ratio, advantages, eps_low, eps_high)
     loss = -objective.mean()
     stats = _base_stats(batch, advantages)
@@ -315,8 +374,7 @@ def ppo_clip(
     token_advantages = _masked(token_advantages, batch.mask)
     if not bool(torch.isfinite(token_advantages).all()):
         raise ValueError("advantages has non-finite values at masked-in tokens")
-    learner = _masked(batch.learner_logprobs, batch.mask)
-    ratio = torch.exp(learner - _masked(_proximal_logprobs(batch), batch.mask))
+    ratio = _ratio_to_proximal(batch)
     objective, clip_active = _clipped_objective(ratio, token_advantages, eps_low, eps_high)
     loss = -_aggregate(_masked(objective, batch.mask), batch.mask, aggregation)
     stats = _base_stats(batch, token_advantages)

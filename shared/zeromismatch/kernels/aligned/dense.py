@@ -339,7 +339,7 @@ def processed_log_softmax(
         best = torch.argmax(lf[rows], dim=-1)  # first (lowest-id) maximum
         one_hot = torch.full((rows.numel(), vocab), float("-inf"), device=lf.device)
         one_hot.scatter_(1, best[:, None], 0.0)
-        out[rows] = one_hot
+        out = out.index_put((rows,), one_hot)  # not in place: log_softmax's backward needs its output
     return out
 
 

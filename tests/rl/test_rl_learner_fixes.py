@@ -1,0 +1,53 @@
+"""Learner behaviour fixed in review (session 7); each test failed before its fix.
+
+- RL starts with a fresh optimizer: the warm start's Adam moments moved the weights on an RL step
+  whose gradient was exactly zero;
+- at lag > 0 with top-k, tokens outside the current policy's support weigh 0 but their responses
+  stay in the batch (they were dropped, which changed B, |y_i| and the group baselines).
+"""
+
+from __future__ import annotations
+
+import torch
+from rl_helpers import tiny_config
+
+from zeromismatch.rl.learner import Learner, state_snapshot
+from zeromismatch.rl.loop import RolloutWorker, run_sft
+
+
+def _episodes(config, learner, version=0):
+    worker = RolloutWorker(config)
+    worker.set_weights(state_snapshot(learner.model), version)
+    return worker.generate(0)
+
+
+def test_rl_starts_with_a_fresh_optimizer_and_a_zero_gradient_step_moves_nothing():
+    config = tiny_config(sft_steps=3, sft_batch=4)
+    torch.manual_seed(config.seed)
+    learner = Learner(config)
+    run_sft(config, learner)
+    assert learner.optimizer.state == {}  # no Adam moments carried over from the warm start
+    episodes = _episodes(config, learner)
+    for episode in episodes:
+        episode.reward = 0.0  # every group flat: every advantage is exactly 0
+    before = state_snapshot(learner.model)
+    stats = learner.rl_step(episodes, None)
+    after = state_snapshot(learner.model)
+    assert stats["grad_norm_preclip"] == 0.0
+    assert all(torch.equal(before[name], after[name]) for name in before)
+
+
+def test_unsupported_tokens_at_lag_keep_every_response_in_the_batch():
+    config = tiny_config(lag=1, top_k=2, temperature=1.5, lr=0.2, prompts_per_step=4, group_size=4)
+    torch.manual_seed(config.seed)
+    learner = Learner(config)
+    snapshot = state_snapshot(learner.model)
+    episodes = _episodes(config, learner)
+    for i, episode in enumerate(episodes):
+        episode.reward = float(i % 2)
+    learner.rl_step(episodes, None)  # one big step: the top-2 support moves under the old batch
+    stats = learner.rl_step(episodes, snapshot)
+    assert stats["out_of_support_tokens"] > 0
+    assert stats["loss_responses"] == len(episodes)
+    assert stats["tokens"] == sum(sum(ep.model_mask) for ep in episodes)
+    assert stats["diff_max"] == 0.0  # the kernel term is still exactly zero on the aligned stack
