@@ -197,19 +197,23 @@ class Learner:
         # IS weights and the gap decomposition also need the current policy's logprob to be finite
         kernel_tokens = mask & then_finite
         both = kernel_tokens & now_finite
-        kernel = mismatch.logprob_diff_stats(rollout[kernel_tokens], then[kernel_tokens])
-        stats = {f"kernel_{k}": v for k, v in kernel.items()}
-        stats.update({k: kernel[k] for k in ("diff_max", "diff_mean", "diff_std", "k3_kl")})
-        stats.update(mismatch.is_weight_stats(learner.detach()[both], rollout[both]))
-        gap = mismatch.decompose_logprob_gap(learner.detach()[both], then[both], rollout[both])
-        stats.update({f"gap_{k}": v for k, v in gap.stats().items()})
+        stats = {}
+        if bool(kernel_tokens.any()):
+            kernel = mismatch.logprob_diff_stats(rollout[kernel_tokens], then[kernel_tokens])
+            stats.update({f"kernel_{k}": v for k, v in kernel.items()})
+            stats.update({k: kernel[k] for k in ("diff_max", "diff_mean", "diff_std", "k3_kl")})
+        if bool(both.any()):
+            stats.update(mismatch.is_weight_stats(learner.detach()[both], rollout[both]))
+            gap = mismatch.decompose_logprob_gap(learner.detach()[both], then[both], rollout[both])
+            stats.update({f"gap_{k}": v for k, v in gap.stats().items()})
         lag = mismatch.lag_stats(versions[mask], self.version - 1)
         stats.update({k: v for k, v in lag.items() if k.startswith("lag_")})
         stats.update({f"loss_{k}": v for k, v in out.stats.items()})
         stats["loss"] = float(out.loss.detach())
         # Monte-Carlo entropy of the sampling distribution: -E[log p] over the sampled tokens,
         # with the trainer's processed logprobs at the rollout version (engine-independent).
-        stats["entropy"] = float(-then[kernel_tokens].double().mean())
+        entropy_tokens = then[kernel_tokens].double()
+        stats["entropy"] = float(-entropy_tokens.mean()) if entropy_tokens.numel() else math.nan
         if unaudited:
             # "then" is the current learner here, not the rollout's version: these would mix weight
             # lag into the kernel term, so they are not reported

@@ -17,6 +17,10 @@ All losses take one ``PolicyBatch`` (B responses padded to length L) and return 
 - ``ppo_clip``: token-level clipped objective with advantages supplied by the caller ([B] or [B, L]);
   token mean over the whole batch by default.
 
+Tokens outside ``PolicyBatch.support`` (probability 0 under the current policy's top-k/top-p) have
+ratio exactly 0: no contribution and no gradient, but they still count in |y_i| (GSPO: one of them makes
+the sequence ratio 0). Group statistics are float64; a flat group's advantage is exactly 0.
+
 ``l_old`` is ``PolicyBatch.old_logprobs`` when given (the learner's logprobs at the start of the
 update, for multi-epoch PPO-style updates) and otherwise the rollout logprobs.
 
@@ -202,7 +206,11 @@ def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str) ->
 def _base_stats(batch: PolicyBatch, advantages: torch.Tensor) -> dict[str, float]:
     """Statistics every loss reports: rollout-vs-learner IS weights (over the supported tokens)
     and advantages."""
-    is_stats = is_weight_stats(batch.learner_logprobs.detach(), batch.rollout_logprobs.detach(), batch.active)
+    if bool(batch.active.any()):
+        learner, rollout = batch.learner_logprobs.detach(), batch.rollout_logprobs.detach()
+        is_stats = is_weight_stats(learner, rollout, batch.active)
+    else:  # every token left the current support: no weight to describe
+        is_stats = dict.fromkeys(("is_mean", "is_max", "is_min", "peak_over_median"), math.nan)
     adv = advantages.detach().to(torch.float64)
     adv_tokens = adv[batch.mask] if adv.dim() == 2 else adv
     return {
