@@ -52,8 +52,12 @@ def mini() -> list[Arm]:
 
 
 def _prefix(versioned: bool) -> RLConfig:
+    # Stale K/V only differs from fresh K/V if the weights change between versions, so the policy
+    # needs a learning signal: after 5 warm-start steps every code-repair reward was 0, every group
+    # flat, and the weights moved only through the warm start's Adam moments (a learner bug, fixed
+    # in session 7). 100 warm-start steps give nonzero rewards, as in the learnability suite.
     return _base(
-        env="code_repair", kernels="aligned", steps=10, max_new_tokens=32, sft_steps=5, env_options={},
+        env="code_repair", kernels="aligned", steps=10, max_new_tokens=32, sft_steps=100, env_options={},
         prefix_cache_versioned=versioned, eval_size=4,
     )  # fmt: skip
 
