@@ -3,7 +3,10 @@
 Reads ``results/published/`` (the claims) and ``results/reproduced/`` (runs and benchmarks);
 writes ``results/figures/*.png``, ``results/REPORT.md``, ``results/report.html`` and
 ``results/verdicts.json``. No network, no GPU, no wandb; a claim without data is reported
-as not-run. Usage: ``python paper_figures/make_all.py [--results DIR] [--quiet]``.
+as not-run. Every input is checked and every output built in a staging directory before any old
+output is replaced (``zeromismatch.audit.report.build_all``): a malformed input is one message
+(exit 2) and leaves the previous report, verdicts and figures as they were.
+Usage: ``python paper_figures/make_all.py [--results DIR] [--quiet]``.
 """
 
 from __future__ import annotations

@@ -14,35 +14,49 @@ from pathlib import Path
 _PACKAGES = ("torch", "numpy", "safetensors", "transformers", "ray", "submitit", "wandb", "seaborn")
 
 
+UNTRACKED_LISTED = 10  # names of untracked code files recorded in provenance (the count is exact)
+
+
 def git_commit(cwd: str | os.PathLike | None = None) -> str:
     """The checkout's commit (with ``-dirty`` if its code has uncommitted changes), or "unknown".
 
-    ``results/`` is left out of the check: a reproduction writes there (and replaces the runs it
-    reruns), so counting it would mark every run after the first of ``make reproduce`` dirty."""
+    Code means every tracked file, plus untracked (not git-ignored) ``*.py`` files: a new module
+    that is imported changes what runs just as an edit does. ``results/`` is left out of the check:
+    a reproduction writes there (and replaces the runs it reruns), so counting it would mark every
+    run after the first of ``make reproduce`` dirty."""
+    return git_state(cwd)[0]
+
+
+def git_state(cwd: str | os.PathLike | None = None) -> tuple[str, list[str] | None]:
+    """``(git_commit, untracked code files)``; the list is None when git could not be asked."""
     where = Path(cwd) if cwd else Path(__file__).resolve().parent
-    local = _local_git_commit(where)
+    local, untracked = _local_git_state(where)
     # a copy of the tree run elsewhere (a device or cluster job) may carry a stale or no .git: the
     # launcher can state which commit it copied; that is its claim, so the value says where it came from
     stated = os.environ.get("ZEROMISMATCH_GIT_COMMIT", "").strip()
-    return f"{stated} (stated by ZEROMISMATCH_GIT_COMMIT; local git: {local})" if stated else local
+    commit = f"{stated} (stated by ZEROMISMATCH_GIT_COMMIT; local git: {local})" if stated else local
+    return commit, untracked
 
 
-def _local_git_commit(where: Path) -> str:
+def _git(where: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=where, capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+
+
+def _local_git_state(where: Path) -> tuple[str, list[str] | None]:
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(top,exclude)results"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        commit = _git(where, "rev-parse", "HEAD").strip()
+        changed = _git(
+            where, "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(top,exclude)results"
+        ).strip()
+        others = _git(where, "ls-files", "--others", "--exclude-standard", "--full-name", "--", ":/")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return commit + ("-dirty" if dirty else "")
+        return "unknown", None
+    untracked = sorted(
+        name for name in others.splitlines() if name.endswith(".py") and not name.startswith("results/")
+    )
+    return commit + ("-dirty" if changed or untracked else ""), untracked
 
 
 def package_versions() -> dict[str, str]:
@@ -92,9 +106,13 @@ def config_hash(config: object) -> str:
 def provenance(config: object | None = None, argv: list[str] | None = None) -> dict[str, object]:
     from . import __version__
 
+    commit, untracked = git_state()
     return {
         "zeromismatch_version": __version__,
-        "git_commit": git_commit(),
+        "git_commit": commit,
+        "untracked_code": None
+        if untracked is None
+        else {"count": len(untracked), "files": untracked[:UNTRACKED_LISTED]},
         "command_line": list(sys.argv if argv is None else argv),
         "python": sys.version.split()[0],
         "packages": package_versions(),

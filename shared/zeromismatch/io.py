@@ -1,9 +1,16 @@
-"""Atomic file writes: a crash mid-write never leaves a half-written result or checkpoint."""
+"""Atomic file writes: a crash mid-write never leaves a half-written result or checkpoint.
+
+:func:`atomic_write_json` writes plain JSON values only. numpy scalars (and 0-d arrays) and 0-d
+torch tensors become the Python number or bool they hold; anything else that JSON cannot hold
+(a Path, a multi-element tensor, an object) is a TypeError naming its key path, raised before
+anything is written -- never silently stored as its ``str()``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,5 +46,55 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _where(at: str) -> str:
+    return f"not JSON-serialisable at {at or '(top level)'}"
+
+
+def _scalar(value: object, at: str) -> object:
+    """The Python bool/int/float a numpy scalar or 0-d array/tensor holds; TypeError otherwise."""
+    item = value.item()  # type: ignore[attr-defined]
+    if isinstance(item, bool | int | float):
+        return item
+    raise TypeError(f"{_where(at)}: {type(value).__name__} holding {item!r}")
+
+
+def _json_key(key: object, at: str) -> object:
+    if key is None or isinstance(key, str | int | float | bool):
+        return key
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(key, numpy.generic):
+        return _scalar(key, at)
+    raise TypeError(f"{_where(at)}: key {key!r} of type {type(key).__name__}")
+
+
+def to_json_value(obj: object, at: str = "") -> object:
+    """``obj`` with numpy/torch scalars replaced by the Python numbers they hold, checked to be JSON
+    all the way down; ``at`` is the key path so far, e.g. ``metrics.loss[3]``."""
+    if obj is None or isinstance(obj, str | bool | int | float):
+        return obj
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            name = _json_key(key, at)
+            out[name] = to_json_value(value, f"{at}.{name}" if at else str(name))
+        return out
+    if isinstance(obj, list | tuple):
+        return [to_json_value(value, f"{at}[{index}]") for index, value in enumerate(obj)]
+    # only modules already imported can have made obj; importing torch here would cost seconds
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(obj, numpy.generic | numpy.ndarray):
+        if isinstance(obj, numpy.ndarray) and obj.ndim != 0:
+            raise TypeError(f"{_where(at)}: numpy array of shape {obj.shape}")
+        return _scalar(obj, at)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.dim() != 0:
+            raise TypeError(f"{_where(at)}: tensor of shape {tuple(obj.shape)}")
+        return _scalar(obj, at)
+    raise TypeError(f"{_where(at)}: {type(obj).__name__} {obj!r:.80}")
+
+
 def atomic_write_json(path: str | os.PathLike, obj: object) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Write ``obj`` as indented, key-sorted JSON (see the module docstring for what it accepts)."""
+    text = json.dumps(to_json_value(obj), indent=2, sort_keys=True)
+    atomic_write_text(path, text + "\n")

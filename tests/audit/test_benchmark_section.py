@@ -21,10 +21,14 @@ def test_ops_geomean_and_worst_come_from_the_cases(tmp_path):
         {"op": "linear", "shape": "M=16", "throughput_ratio": 2.0},
         {"op": "silu_mul", "shape": "M=4", "throughput_ratio": 0.8},
     ]
-    write_benchmark(tmp_path, "ops", {"cases": cases, "threads": 1})
+    commit = "0123456789abcdef0123456789abcdef01234567-dirty"
+    write_benchmark(tmp_path, "ops", {"cases": cases, "threads": 1, "provenance": {"git_commit": commit}})
     text = "\n".join(benchmark_lines(tmp_path))
-    assert f"| linear | 2 | {math.sqrt(0.5 * 2.0):.2f} | 0.50 | M=1 | yes |" in text
-    assert "| silu_mul | 1 | 0.80 | 0.80 | M=4 | no |" in text
+    # the column says what it tests (the geomean), the per-shape target gets its own count
+    assert "| op | shapes | geomean | worst | worst shape | shapes below 0.9 | geomean ≥ 0.9 |" in text
+    assert f"| linear | 2 | {math.sqrt(0.5 * 2.0):.2f} | 0.50 | M=1 | 1 | yes |" in text
+    assert "| silu_mul | 1 | 0.80 | 0.80 | M=4 | 1 | no |" in text
+    assert "(`reproduced/benchmarks/ops.json`, 1 thread(s), git 0123456789ab-dirty)" in text
 
 
 def test_rollout_async_and_vllm_peer_tables(tmp_path):
@@ -78,3 +82,23 @@ def test_malformed_benchmark_file_is_one_error_naming_it(tmp_path):
     path.write_text("{not json")
     with pytest.raises(AuditInputError, match="malformed benchmark file .*rollout.json: invalid JSON"):
         benchmark_lines(tmp_path)
+
+
+STATED = "0123456789abcdef0123456789abcdef01234567"
+LOCAL = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "shown"),
+    [
+        (f"{STATED}-dirty", "git 0123456789ab-dirty"),
+        (
+            f"{STATED} (stated by ZEROMISMATCH_GIT_COMMIT; local git: {LOCAL}-dirty)",
+            "git 0123456789ab (stated by ZEROMISMATCH_GIT_COMMIT; local git: fedcba987654-dirty)",
+        ),
+        ("unknown", "git unknown"),
+    ],
+)
+def test_commit_is_shortened_but_its_suffixes_are_kept(tmp_path, recorded, shown):
+    write_benchmark(tmp_path, "async", {"async_over_sync": 1.5, "provenance": {"git_commit": recorded}})
+    assert f"(`reproduced/benchmarks/async.json`, {shown})" in "\n".join(benchmark_lines(tmp_path))

@@ -80,4 +80,22 @@ def test_device_and_portable_mode_ops_tables(tmp_path):
     text = "\n".join(portability_lines(tmp_path))
     assert "Per-op throughput on NVIDIA H200, aligned ÷ default" in text and "not aligned there" in text
     assert "Per-op throughput on Some CPU, portable mode (16-row GEMM tiles)" in text
-    assert text.count("| linear | 2 | 0.50 | 0.25 |") == 2
+    assert text.count("| linear | 2 | 0.50 | 0.25 | 1 |") == 2  # one of the two shapes is below 0.9
+    assert "| op | shapes | geomean | worst | shapes below 0.9 |" in text
+
+
+def test_commits_keep_dirty_and_stated_suffixes(tmp_path):
+    folder = _folder(tmp_path)
+    full = "0123456789abcdef0123456789abcdef01234567"
+    stated = f"{full} (stated by ZEROMISMATCH_GIT_COMMIT; local git: {full[::-1]}-dirty)"
+    cases = [{"op": "linear", "throughput_ratio": 1.0}]
+    (folder / "ops_cpu.json").write_text(
+        json.dumps({"device": "cpu", "cases": cases, "provenance": {"git_commit": stated}})
+    )
+    findings = {"fp32 K=8 N=8 F.linear": {"bad_M": [], "bad_offsets": []}}
+    (folder / "gemm_rows_x.json").write_text(
+        json.dumps({"findings": findings, "provenance": {"git_commit": full + "-dirty"}})
+    )
+    text = "\n".join(portability_lines(tmp_path))
+    assert "git 0123456789ab (stated by ZEROMISMATCH_GIT_COMMIT; local git: 76543210fedc-dirty))" in text
+    assert "| `gemm_rows_x.json` (0123456789ab-dirty) |" in text

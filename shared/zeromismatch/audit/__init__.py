@@ -3,7 +3,10 @@
 - :mod:`.registry` loads and validates ``results/published/<experiment>.json`` (JSON Schema + checks);
 - :mod:`.runs` reads reproduced run directories and benchmark files;
 - :mod:`.verdicts` judges each claim from that data alone (five verdicts, see its docstring);
-- :mod:`.figures`, :mod:`.report`, :mod:`.html` draw the figures and write REPORT.md / report.html.
+- :mod:`.benchmarks`, :mod:`.learnability`, :mod:`.portability` render the report's measurement
+  sections, reading their JSON files through :mod:`.inputs` (typed, one error naming file and key);
+- :mod:`.figures`, :mod:`.report`, :mod:`.html` draw the figures and write REPORT.md / report.html
+  (built in a staging directory, then moved over the old outputs).
 
 Entry points: ``zm audit`` (table, ``--strict``) and ``python paper_figures/make_all.py``.
 """

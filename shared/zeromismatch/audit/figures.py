@@ -189,6 +189,8 @@ def _curve_frame(sources: list[tuple[str, DataDir]]):
     for label, data in sources:
         for index, record in enumerate(data.records):
             step = record.get("step", index)
+            if isinstance(step, bool) or not isinstance(step, int | float):
+                step = index  # as the verdicts read it (runs.metric_series)
             for key, value in record.items():
                 if key in ("step", "arm") or isinstance(value, bool) or not isinstance(value, int | float):
                     continue
@@ -287,14 +289,19 @@ def throughput_ratios(plt, sns, registry: Registry, verdicts: dict[str, Verdict]
     return claim_ids
 
 
-def make_figures(registry: Registry, verdicts: list[Verdict], results_root: Path) -> dict:
-    """Draw every figure; returns paths relative to ``results_root`` for the reports.
+def make_figures(
+    registry: Registry, verdicts: list[Verdict], results_root: Path, out_root: Path | None = None
+) -> dict:
+    """Draw every figure from the runs under ``results_root`` into ``out_root/figures/`` (default:
+    ``results_root``; :func:`.report.build_all` passes a staging directory); returns paths relative
+    to the root for the reports.
 
     ``{"experiments": {exp: path}, "runs": {scale_dir_rel: path}, "throughput": path | None,
     "claims": {claim_id: [paths]}}``
     """
     plt, sns = _pyplot()
-    out_dir = results_root / FIGURES_DIR
+    out_root = results_root if out_root is None else out_root
+    out_dir = out_root / FIGURES_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     by_id = {v.claim_id: v for v in verdicts}
     index: dict = {"experiments": {}, "runs": {}, "throughput": None, "claims": {cid: [] for cid in by_id}}
@@ -303,21 +310,21 @@ def make_figures(registry: Registry, verdicts: list[Verdict], results_root: Path
         if not claims:
             continue
         name = f"{FIGURES_DIR}/{safe_name(experiment)}__published_vs_reproduced.png"
-        if published_vs_reproduced(plt, claims, by_id, results_root / name):
+        if published_vs_reproduced(plt, claims, by_id, out_root / name):
             index["experiments"][experiment] = name
             for claim in claims:
                 index["claims"][claim["id"]].append(name)
         for scale, sources in sorted(_curve_sources(all_runs(results_root, experiment)).items()):
             stem = "__".join(safe_name(part) for part in ("curves", experiment, scale))
             curve = f"{FIGURES_DIR}/{stem}.png"
-            if training_curves(plt, sns, f"{experiment} / {scale}", sources, results_root / curve):
+            if training_curves(plt, sns, f"{experiment} / {scale}", sources, out_root / curve):
                 index["runs"][f"reproduced/{experiment}/{scale}/"] = curve
     for verdict in verdicts:
         curve = index["runs"].get(f"reproduced/{verdict.experiment}/{verdict.scale}/")
         if curve:
             index["claims"][verdict.claim_id].append(curve)
     name = f"{FIGURES_DIR}/throughput_ratios.png"
-    for claim_id in throughput_ratios(plt, sns, registry, by_id, results_root / name):
+    for claim_id in throughput_ratios(plt, sns, registry, by_id, out_root / name):
         index["throughput"] = name
         if claim_id in index["claims"] and name not in index["claims"][claim_id]:
             index["claims"][claim_id].append(name)

@@ -3,14 +3,17 @@
 Reads ``results/reproduced/learnability/<case>/seed<k>/{summary,config}.json`` (written by
 ``scripts/learnability.py``) and renders one table row per case: the mean over seeds, every seed's
 value, and in how many seeds RL raised sampled pass@1. "Learns" is computed, never typed: the mean
-sampled pass@1 rose and it rose in a majority of seeds. A case whose files are absent is not shown.
+sampled pass@1 rose and it rose in a majority of seeds. A case whose files are absent is not shown;
+a file that is malformed (not an object, a key missing, a number that is not one) is an
+:class:`AuditInputError` naming it. Directories starting with ``.`` (runs in progress) are skipped.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .registry import AuditInputError, read_json
+from .inputs import Node
+from .registry import AuditInputError
 
 SUITE = ("reproduced", "learnability")
 
@@ -18,28 +21,44 @@ SUITE = ("reproduced", "learnability")
 SAMPLED = ("eval_sampled_pass_at_1_before", "eval_sampled_pass_at_1_after")
 
 
-def _runs(case_dir: Path) -> list[tuple[dict, dict]]:
-    """(summary, config) of each finished seed run of a case, by seed."""
+_BEFORE_AFTER = (
+    SAMPLED,
+    ("eval_pass_at_1_before", "eval_pass_at_1_after"),
+    ("reward_mean_first_fifth", "reward_mean_last_fifth"),
+)
+
+
+def _run(summary_path: Path, config_path: Path) -> dict:
+    """One seed run's numbers, read and type-checked (a malformed file is one AuditInputError)."""
+    summary = Node.load(summary_path, "learnability summary")
+    summary.obj()
+    if any(not summary.has(key) for key in SAMPLED):
+        raise AuditInputError(f"{summary_path}: no sampled pass@1 (the suite's runs need eval_samples > 0)")
+    config = Node.load(config_path, "learnability config")
+    run = {key: summary[key].number() for pair in _BEFORE_AFTER for key in pair}
+    run["k3_kl_max_over_steps"] = summary["k3_kl_max_over_steps"].number()
+    run["config"] = {key: config[key].text() for key in ("env", "model", "kernels")}
+    run["config"].update({key: config[key].integer() for key in ("lag", "steps")})
+    run["seed"] = config["seed"].integer()
+    return run
+
+
+def _runs(case_dir: Path) -> list[dict]:
+    """Each finished seed run of a case, by seed."""
     runs = []
     for seed_dir in sorted(case_dir.glob("seed*")):
         summary_path, config_path = seed_dir / "summary.json", seed_dir / "config.json"
-        if not summary_path.is_file() or not config_path.is_file():
-            continue
-        summary = read_json(summary_path, "learnability summary")
-        if any(summary.get(key) is None for key in SAMPLED):
-            raise AuditInputError(
-                f"{summary_path}: no sampled pass@1 (the suite's runs need eval_samples > 0)"
-            )
-        runs.append((summary, read_json(config_path, "learnability config")))
-    return sorted(runs, key=lambda run: run[1]["seed"])
+        if summary_path.is_file() and config_path.is_file():
+            runs.append(_run(summary_path, config_path))
+    return sorted(runs, key=lambda run: run["seed"])
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _before_after(runs, before: str, after: str) -> list[tuple[float, float]]:
-    return [(float(summary[before]), float(summary[after])) for summary, _ in runs]
+def _before_after(runs: list[dict], before: str, after: str) -> list[tuple[float, float]]:
+    return [(run[before], run[after]) for run in runs]
 
 
 def case_rows(root: Path) -> list[dict]:
@@ -54,23 +73,19 @@ def case_rows(root: Path) -> list[dict]:
             continue
         sampled = _before_after(runs, *SAMPLED)
         raised = sum(after > before for before, after in sampled)
-        config = runs[0][1]
+        config = runs[0]["config"]
         rows.append(
             {
                 "case": case_dir.name,
-                "env": config["env"],
-                "model": config["model"],
-                "lag": config["lag"],
-                "kernels": config["kernels"],
-                "steps": config["steps"],
-                "seeds": [run_config["seed"] for _, run_config in runs],
+                **config,
+                "seeds": [run["seed"] for run in runs],
                 "greedy": _before_after(runs, "eval_pass_at_1_before", "eval_pass_at_1_after"),
                 "sampled": sampled,
                 "train_reward": _before_after(runs, "reward_mean_first_fifth", "reward_mean_last_fifth"),
                 "raised_in": raised,
                 "learns": _mean([a for _, a in sampled]) > _mean([b for b, _ in sampled])
                 and 2 * raised > len(runs),
-                "k3_kl_max": max(float(summary["k3_kl_max_over_steps"]) for summary, _ in runs),
+                "k3_kl_max": max(run["k3_kl_max_over_steps"] for run in runs),
             }
         )
     return sorted(rows, key=lambda row: (row["env"], row["lag"], row["case"]))

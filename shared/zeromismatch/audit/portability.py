@@ -10,7 +10,8 @@ measurement, not a claim. This section renders what ``zm invariance`` and
   weight shapes broke row invariance, and (tiles) at which thread counts;
 - ``ops_<device>.json``: ``benchmarks/ops.py --device`` run there, per-op aligned ÷ default.
 
-Nothing here is typed by hand; a file that is absent is simply not shown.
+Nothing here is typed by hand; a file that is absent is simply not shown, and a malformed one is
+an :class:`AuditInputError` naming the file and the key path (see :mod:`.inputs`).
 """
 
 from __future__ import annotations
@@ -20,19 +21,32 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from .registry import AuditInputError, read_json
+from .benchmarks import OPS_TARGET
+from .inputs import Node
+from .registry import AuditInputError
+from .text import short_commit
 
 SUITE = ("reproduced", "portability")
 
 
-def _machine(data: dict, device_name: str) -> str:
-    hardware = (data.get("provenance") or {}).get("hardware") or {}
-    cpu = hardware.get("cpu_model", "unknown CPU")
+def _hardware(data: Node) -> Node:
+    node = data.provenance().get("hardware", {})
+    node.obj()
+    return node
+
+
+def _machine(data: Node, device_name: str) -> str:
+    cpu = _hardware(data).get("cpu_model", "unknown CPU").scalar()
     return device_name if device_name not in ("cpu", "") else cpu
 
 
-def _commit(data: dict) -> str:
-    return str((data.get("provenance") or {}).get("git_commit", "unknown"))[:12]
+def _commit(data: Node) -> str:
+    return short_commit(data.commit() or "unknown")
+
+
+def _tile_rows(data: Node) -> int:
+    numerics = data.provenance().get("numerics", {})
+    return int(numerics.get("gemm_tile_rows", 0).number())
 
 
 def _invariance(paths: list[Path]) -> list[str]:
@@ -44,19 +58,24 @@ def _invariance(paths: list[Path]) -> list[str]:
         "|---|---|---|---:|---|---:|---:|---|",
     ]
     for path in paths:
-        data = read_json(path, "invariance report")
-        runs = data.get("runs") if isinstance(data, dict) else None
+        data = Node.load(path, "invariance report")
+        runs = data.get("runs", []).list()
         if not runs:
             raise AuditInputError(f"invariance report {path} has no runs")
-        tiles = ((data.get("provenance") or {}).get("numerics") or {}).get("gemm_tile_rows", 0) or "off"
+        tiles = _tile_rows(data) or "off"
         for run in runs:
-            checks = run["checks"]
-            broken = [f"{c['op']}/{c['prop']} {c['dtype']}" for c in checks if not c["identical"]]
-            machine = _machine(data, run["device_name"])
+            checks = run["checks"].list()
+            broken = [
+                f"{c['op'].text()}/{c['prop'].text()} {c['dtype'].text()}"
+                for c in checks
+                if not c["identical"].boolean()
+            ]
+            machine = _machine(data, run["device_name"].scalar())
             held = f"{len(checks) - len(broken)}/{len(checks)}"
             lines.append(
-                f"| `{path.name}` ({_commit(data)}) | {run['kernels']} | {machine} | "
-                f"{run['torch_threads']} | {run['torch']} | {tiles} | {held} | {', '.join(broken) or '-'} |"
+                f"| `{path.name}` ({_commit(data)}) | {run['kernels'].scalar()} | {machine} | "
+                f"{run['torch_threads'].scalar()} | {run['torch'].scalar()} | {tiles} | {held} | "
+                f"{', '.join(broken) or '-'} |"
             )
     return lines
 
@@ -68,7 +87,7 @@ _KEY = re.compile(
 
 def _gemm_groups(path: Path) -> tuple[dict, dict]:
     """Per (call, tile, dtype): {"shapes": set, "broken": {(shape, threads)}, "thread_changes": set}."""
-    data = read_json(path, "GEMM portability report")
+    data = Node.load(path, "GEMM portability report")
     groups: dict[tuple, dict] = defaultdict(
         lambda: {"shapes": set(), "broken": set(), "thread_changes": set()}
     )
@@ -79,11 +98,11 @@ def _gemm_groups(path: Path) -> tuple[dict, dict]:
         group = groups[(match["call"], match["tile"] or "", match["dtype"])]
         rest = match["rest"] or ""
         if rest.startswith("threads_differing"):
-            group["thread_changes"] |= {str(t) for t in value}
+            group["thread_changes"] |= {str(int(t.number())) for t in value.list()}
             continue
         shape = (match["k"], match["n"])
         group["shapes"].add(shape)
-        if value["bad_M"] or value["bad_offsets"]:
+        if value["bad_M"].list() or value["bad_offsets"].list():
             group["broken"].add((shape, rest.removeprefix("threads=")))
     return data, groups
 
@@ -116,7 +135,8 @@ def _gemm(paths: list[Path], tiles: bool) -> list[str]:
     ]
     for path in paths:
         data, groups = _gemm_groups(path)
-        machine = f"{_machine(data, data.get('device_name', ''))}, torch {data.get('torch', '?')}"
+        device = data.get("device_name", "").scalar()
+        machine = f"{_machine(data, device)}, torch {data.get('torch', '?').scalar()}"
         for call, tile in sorted({(c, t) for c, t, _ in groups}, key=lambda ct: (ct[0], int(ct[1] or 0))):
             cells = [_broken_cell(groups.get((call, tile, dtype)), tiles) for dtype in ("fp32", "bf16")]
             lines.append(
@@ -129,37 +149,37 @@ def _gemm(paths: list[Path], tiles: bool) -> list[str]:
 
 
 def _ops(path: Path) -> list[str]:
-    data = read_json(path, "device ops benchmark")
+    data = Node.load(path, "device ops benchmark")
     ratios: dict[str, list[float]] = defaultdict(list)
-    for case in data.get("cases", []):
-        ratios[case["op"]].append(float(case["throughput_ratio"]))
-    commit = (data.get("provenance") or {}).get("git_commit", "unknown")
-    on_gpu = str(data.get("device", "cpu")).startswith("cuda")
-    hardware = (data.get("provenance") or {}).get("hardware") or {}
-    machine = _machine(data, hardware.get("gpu", "cpu") if on_gpu else "cpu")
-    tile_rows = ((data.get("provenance") or {}).get("numerics") or {}).get("gemm_tile_rows", 0)
+    for case in data.get("cases", []).list():
+        ratios[case["op"].text()].append(case["throughput_ratio"].positive())
+    on_gpu = data.get("device", "cpu").scalar().startswith("cuda")
+    machine = _machine(data, _hardware(data).get("gpu", "cpu").scalar() if on_gpu else "cpu")
+    tile_rows = _tile_rows(data)
     mode = f", portable mode ({tile_rows}-row GEMM tiles)" if tile_rows else ""
     note = (
         "The CPU-aligned kernels run unchanged on this device; where the checks above say NO, they are "
         "not aligned there, so this is a cost, not a like-for-like comparison."
         if on_gpu
-        else f"Measured with {data.get('threads', '?')} thread(s); compare with the main ops table above."
+        else f"Measured with {data.get('threads', '?').scalar()} thread(s); compare with the main ops "
+        "table above."
     )
     lines = [
         f"### Per-op throughput on {machine}{mode}, aligned ÷ default "
-        f"(`{'/'.join(SUITE)}/{path.name}`, git {commit})",
+        f"(`{'/'.join(SUITE)}/{path.name}`, git {_commit(data)})",
         "",
         note,
         "",
-        "| op | shapes | geomean | worst |",
-        "|---|---:|---:|---:|",
+        f"| op | shapes | geomean | worst | shapes below {OPS_TARGET} |",
+        "|---|---:|---:|---:|---:|",
     ]
     for op, values in ratios.items():
         geomean = math.exp(sum(math.log(v) for v in values) / len(values))
-        lines.append(f"| {op} | {len(values)} | {geomean:.2f} | {min(values):.2f} |")
-    failures = data.get("failures") or []
+        below = sum(1 for v in values if v < OPS_TARGET)
+        lines.append(f"| {op} | {len(values)} | {geomean:.2f} | {min(values):.2f} | {below} |")
+    failures = data.get("failures", []).list()
     if failures:
-        lines += ["", f"Cases that could not run there: {', '.join(f['op'] for f in failures)}."]
+        lines += ["", f"Cases that could not run there: {', '.join(f['op'].scalar() for f in failures)}."]
     return lines
 
 

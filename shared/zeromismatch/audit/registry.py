@@ -7,7 +7,10 @@ validates every file against that JSON Schema, then runs the checks a schema can
 - one source id names one publication everywhere;
 - a derived value equals its formula (evaluated from published numbers only, rounded as stated);
 - operands fit the test's data: ``benchmark_key`` only with ``data: benchmark``, ``summary`` and
-  ``metric`` only with ``data: run``; ``agg: all`` only inside ``exact_zero``.
+  ``metric`` only with ``data: run``; ``agg: all`` only inside ``exact_zero``;
+- a check's ``min_z`` (noise floor, see :mod:`.verdicts`) only with op ``> >= < <=`` and both sides
+  a ``mean``/``head_mean``/``tail_mean`` of a metrics series (the per-step values give its standard
+  error).
 
 Any violation raises :class:`AuditInputError` naming the file. Nothing here reads reproduced data.
 """
@@ -143,6 +146,23 @@ def iter_operands(test: dict):
             yield "check", check["rhs"]
 
 
+NOISE_AGGS = ("mean", "head_mean", "tail_mean")
+
+
+def _check_min_z(path: Path, cid: str, check: dict) -> None:
+    """``min_z`` needs a standard error: both sides means of per-step series, a direction to test."""
+    where = f"malformed claims file {path}: claim {cid}: check {check['label']!r} has min_z"
+    if check["op"] == "==":
+        raise AuditInputError(f"{where} but op '=='; min_z tests a direction (> >= < <=)")
+    for side in ("lhs", "rhs"):
+        operand = check[side]
+        if not isinstance(operand, dict) or operand.get("agg") not in NOISE_AGGS or "abs_dev_from" in operand:
+            raise AuditInputError(
+                f"{where} but its {side} is not a mean of a metrics series "
+                f"(agg {', '.join(NOISE_AGGS)}, no abs_dev_from)"
+            )
+
+
 def _check_claim(path: Path, experiment: str, claim: dict, publications: dict[str, str]) -> None:
     cid = claim["id"]
     if claim["experiment"] != experiment:
@@ -202,6 +222,9 @@ def _check_claim(path: Path, experiment: str, claim: dict, publications: dict[st
             raise AuditInputError(
                 f"malformed claims file {path}: claim {cid}: agg 'all' is only allowed in exact_zero"
             )
+    for check in test.get("checks", []):
+        if "min_z" in check:
+            _check_min_z(path, cid, check)
 
 
 def load_registry(results_root: str | Path | None = None) -> Registry:

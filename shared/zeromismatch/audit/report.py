@@ -1,20 +1,26 @@
 """``results/REPORT.md`` (and, via :mod:`.html`, ``results/report.html``) plus ``results/verdicts.json``.
 
 :func:`build_all` is what ``paper_figures/make_all.py`` runs: load the registry, judge every claim
-from the files under ``results/``, draw the figures, write the three outputs atomically. It reads
-nothing else (no network, no GPU, no wandb). Outputs carry no timestamps, so regenerating them
-from unchanged data changes nothing.
+from the files under ``results/``, render every section, draw the figures and write the three
+outputs into a staging directory, then move them over the old ones -- so a malformed input or a
+failure part-way leaves the previous outputs as they were. It reads nothing else (no network, no
+GPU, no wandb). Outputs carry no timestamps, so regenerating them from unchanged data changes
+nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..io import atomic_write_json, atomic_write_text
 from .benchmarks import benchmark_lines
+from .figures import FIGURES_DIR
 from .learnability import learnability_lines
 from .portability import portability_lines
 from .registry import Registry, load_registry
@@ -27,6 +33,7 @@ from .text import (
     published_short,
     repro_scale_text,
     scale_text,
+    short_commit,
 )
 from .verdicts import VERDICTS, Verdict, evaluate_all, verdicts_document
 
@@ -47,7 +54,26 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _arm_provenance_text(verdict: Verdict, entry: dict) -> str:
+    data = str(entry.get("data", "?"))
+    name = data.removeprefix(verdict.run) if verdict.run and data != verdict.run else data
+    if entry.get("missing"):
+        return f"{name} no provenance.json"
+    text = f"{name} git {short_commit(entry.get('git_commit') or 'unknown')}"
+    return text + (f", config {entry['config_hash']}" if entry.get("config_hash") else "")
+
+
 def _provenance_line(verdict: Verdict) -> str:
+    """The verdict's provenance; when its operands came from several data dirs (one per arm), each
+    one's commit and config hash too, or that it has no provenance.json."""
+    line = _main_provenance(verdict)
+    if verdict.arm_provenance:
+        arms = "; ".join(_arm_provenance_text(verdict, entry) for entry in verdict.arm_provenance)
+        line += f" (per arm: {arms})"
+    return line
+
+
+def _main_provenance(verdict: Verdict) -> str:
     prov = verdict.provenance
     if not prov:
         return "provenance: none recorded"
@@ -178,18 +204,36 @@ class BuildResult:
     written: list[Path]
 
 
-def _remove_stale_figures(results_root: Path, figures: dict) -> None:
-    keep = {results_root / p for p in figures.get("experiments", {}).values()}
-    keep |= {results_root / p for p in figures.get("runs", {}).values()}
-    if figures.get("throughput"):
-        keep.add(results_root / figures["throughput"])
-    for png in (results_root / "figures").glob("*.png"):
-        if png not in keep:
+STAGING_PREFIX = ".make_all-staging-"
+
+
+def _publish(staging: Path, root: Path) -> list[Path]:
+    """Move the staged outputs over the old ones: new figures in, figures no longer drawn out,
+    then verdicts.json, report.html and REPORT.md. Each move is a same-filesystem rename."""
+    figures_dir = root / FIGURES_DIR
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    drawn = sorted((staging / FIGURES_DIR).glob("*.png"))
+    for png in drawn:
+        os.replace(png, figures_dir / png.name)
+    keep = {png.name for png in drawn}
+    for png in figures_dir.glob("*.png"):
+        if png.name not in keep:
             png.unlink()
+    written = []
+    for name in (VERDICTS_JSON, REPORT_HTML, REPORT_MD):
+        os.replace(staging / name, root / name)
+        written.append(root / name)
+    return written[::-1]
 
 
 def build_all(results_root: str | Path | None = None, *, quiet: bool = False) -> BuildResult:
-    """Judge every claim, draw every figure, write REPORT.md, report.html and verdicts.json."""
+    """Judge every claim, draw every figure, write REPORT.md, report.html and verdicts.json.
+
+    All-or-nothing: every input is read and checked first (claims, runs, benchmark, learnability
+    and portability files), then every output is built in a staging directory inside the results
+    directory, and only when all of them exist do they replace the old ones. A malformed input or
+    a failure while drawing leaves the previous report, verdicts and figures untouched.
+    """
     from .figures import make_figures
     from .html import render_html
 
@@ -200,13 +244,16 @@ def build_all(results_root: str | Path | None = None, *, quiet: bool = False) ->
         else registry.files[next(iter(registry.files))].parents[1]
     )
     verdicts = evaluate_all(registry, root)
-    figures = make_figures(registry, verdicts, root)
-    _remove_stale_figures(root, figures)
-    written = [root / REPORT_MD, root / REPORT_HTML, root / VERDICTS_JSON]
     benchmarks = benchmark_lines(root) + learnability_lines(root) + portability_lines(root)
-    atomic_write_text(written[0], render_markdown(registry, verdicts, figures, benchmarks))
-    atomic_write_text(written[1], render_html(registry, verdicts, figures, benchmarks))
-    atomic_write_json(written[2], verdicts_document(verdicts))
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+    try:
+        figures = make_figures(registry, verdicts, root, staging)
+        atomic_write_text(staging / REPORT_MD, render_markdown(registry, verdicts, figures, benchmarks))
+        atomic_write_text(staging / REPORT_HTML, render_html(registry, verdicts, figures, benchmarks))
+        atomic_write_json(staging / VERDICTS_JSON, verdicts_document(verdicts))
+        written = _publish(staging, root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     if not quiet:
         counts = Counter(v.verdict for v in verdicts)
         print(json.dumps({"claims": len(verdicts), **{k: counts.get(k, 0) for k in VERDICTS}}))

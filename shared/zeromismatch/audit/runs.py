@@ -9,6 +9,9 @@ as *candidates* for judging a claim:
 2. the scale directory itself, whose data-dir children are taken as arms (for experiments that
    write one run per arm, e.g. ``mini/aligned/`` and ``mini/default/``, as zeromismatch.rl does).
 
+Directories whose names start with ``.`` are skipped: ``.<arm>.partial/`` is a run still being
+written, which judges nothing until it is renamed into place.
+
 Claims are judged at scales ``full`` then ``mini`` (``JUDGED_SCALES``); smoke runs are plumbing
 checks and judge nothing unless a claim's test lists ``smoke``.
 
@@ -145,7 +148,9 @@ def load_metrics(path: Path) -> list[dict]:
 
 
 def _subdirs(path: Path) -> list[Path]:
-    return sorted((p for p in path.iterdir() if p.is_dir()), key=lambda p: p.name)
+    """Child directories by name, without hidden ones: ``.<name>.partial`` is a run still being written."""
+    children = (p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(children, key=lambda p: p.name)
 
 
 def all_runs(results_root: Path, experiment: str) -> list[Run]:
@@ -282,6 +287,8 @@ class Resolved:
     value: float
     values: list[float] | None = None  # only for agg 'all'
     steps: int | None = None  # how many step records fed it (metric operands)
+    missing: int = 0  # agg 'all': steps whose value is null or absent (each one fails "every step")
+    samples: list[float] | None = None  # agg mean/head_mean/tail_mean: the per-step values averaged
     source: str = ""  # e.g. "reproduced/x/mini/r/metrics.jsonl default.k3_kl tail_mean of 12 of 120 steps"
     data: DataDir | None = None
 
@@ -319,6 +326,32 @@ def _aggregate(values: list[float], agg: str, window: float) -> float:
     return float(reducer(array))
 
 
+def _averaged(values: list[float], agg: str, window: float) -> list[float] | None:
+    """The per-step values a mean aggregate averages (for a standard error), else None."""
+    if agg == "mean":
+        return list(values)
+    if agg in ("head_mean", "tail_mean"):
+        width = max(1, math.ceil(window * len(values)))
+        return list(values[:width] if agg == "head_mean" else values[-width:])
+    return None
+
+
+def _expected_steps(data: DataDir, arm: str | None, prefixed: bool) -> int:
+    """How many steps an arm should have recorded: its step records, or the summary's ``steps`` if more.
+
+    A record belongs to arm A when read unprefixed (A's own data dir), or when it carries
+    ``"arm": "A"`` or an ``A.<key>``. A step whose value is null or absent is a step not shown to be
+    zero, so "exactly 0 at every step" counts it as a failure rather than skipping it.
+    """
+    if prefixed and arm:
+        records = [r for r in data.records if r.get("arm") == arm or any(k.startswith(f"{arm}.") for k in r)]
+        keys = (f"{arm}.steps", "steps")
+    else:
+        records, keys = data.records, ("steps",)
+    stated = next((data.summary[k] for k in keys if _is_number(data.summary.get(k))), 0)
+    return max(len(records), int(stated))
+
+
 def _places(run: Run, arm: str | None) -> list[tuple[DataDir, bool]]:
     """Where an operand may be read: (data dir, keys prefixed by arm?) in order of preference."""
     places = [(run.own, True)] if run.own else []
@@ -353,9 +386,12 @@ def _resolve_metric(operand: dict, run: Run, label: str) -> Resolved:
             detail = f"{agg} of {max(1, math.ceil(window * len(values)))} of {len(values)} steps"
         if agg == "all":
             value = float(np.max(np.abs(values)))
+            missing = _expected_steps(data, arm, prefixed) - len(values)
             resolved = Resolved(label, value, values=values, steps=len(values), data=data)
+            resolved.missing = max(0, missing)
         else:
             resolved = Resolved(label, _aggregate(values, agg, window), steps=len(values), data=data)
+            resolved.samples = _averaged(values, agg, window)
         resolved.source = f"{data.rel}metrics.jsonl {name} {detail}"
         return resolved
     raise MissingData(f"{run.rel} has no metrics series {(arm + '.') if arm else ''}{metric}")

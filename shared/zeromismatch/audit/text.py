@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from .verdicts import Verdict
 
@@ -17,6 +18,15 @@ TABLE_COLUMNS = (
     "run / next step",
 )
 _QUALIFIER = {"=": "", "~": "~", ">": ">", "<": "<", ">=": ">=", "<=": "<="}
+
+
+_FULL_HASH = re.compile(r"\b([0-9a-f]{12})[0-9a-f]{28}\b")
+
+
+def short_commit(commit: object) -> str:
+    """A recorded git_commit with each full 40-hex hash cut to 12 characters and everything else
+    kept: "-dirty" and "(stated by ZEROMISMATCH_GIT_COMMIT; local git: ...)" are part of the record."""
+    return _FULL_HASH.sub(r"\1", str(commit))
 
 
 def fmt_number(value: object) -> str:

@@ -6,9 +6,14 @@ that records every operand the test names. With no such data: ``not-run`` plus t
 would produce it. With data:
 
 - every ``exact_zero`` operand must be exactly 0 (for ``agg: all``: at every step, and on at least
-  ``min_steps`` steps) -- compared with ``== 0``, never a tolerance;
+  ``min_steps`` steps) -- compared with ``== 0``, never a tolerance; a step whose value is null or
+  absent (fewer values than step records, or than the summary's ``steps``) counts as not zero;
 - every ``check`` (lhs op rhs, or lhs op factor x rhs where the claim states an effect size) must
-  hold; NaN never satisfies a comparison.
+  hold; NaN never satisfies a comparison;
+- a check with ``min_z`` (both sides means of per-step series: two arms, or head vs tail windows
+  of one arm) must also clear noise: the difference in the claimed direction must be at least
+  ``min_z`` standard errors of the difference (Welch, each step one sample; see :func:`welch_z`).
+  The z is reported in the verdict's reason either way.
 
 All hold -> ``reproduced-exact`` (rule ``exact``) or ``reproduced-direction`` (rule ``direction``);
 anything fails -> ``not-reproduced``, with the failing parts and their measured values. No value is
@@ -21,6 +26,8 @@ import math
 import operator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from .registry import Registry, iter_operands
 from .runs import (
@@ -67,6 +74,9 @@ class Verdict:
     steps: int | None = None
     provenance: dict = field(default_factory=dict)
     provenance_files: list[str] = field(default_factory=list)  # relative to the results root
+    # one entry per data dir when the operands came from several (one per arm): commit and config
+    # hash of each, or {"data": dir, "missing": True} for a dir without provenance.json
+    arm_provenance: list[dict] = field(default_factory=list)
     speed_ratio: float | None = None  # measured speed ratio for throughput claims
 
     def as_dict(self) -> dict:
@@ -88,6 +98,16 @@ def _provenance_digest(provenance: dict) -> dict:
     return digest
 
 
+def _arm_provenance(data) -> dict:
+    if not data.provenance:
+        return {"data": data.rel, "missing": True}
+    return {
+        "data": data.rel,
+        "git_commit": data.provenance.get("git_commit"),
+        "config_hash": data.provenance.get("config_hash"),
+    }
+
+
 def _fmt(value: float | None) -> str:
     if value is None:
         return "n/a"
@@ -98,20 +118,59 @@ def _fmt(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _judge(claim: dict, resolve) -> tuple[bool, list[Measured], list[str], int | None, float | None]:
+def welch_z(lhs: Resolved, rhs: Resolved, factor: float, op: str, min_z: float) -> tuple[float | None, str]:
+    """How many standard errors the difference ``lhs - factor x rhs`` lies in the direction of ``op``.
+
+    Both operands are means of per-step values (``Resolved.samples``); each step counts as one
+    independent sample (Welch: SE = sqrt(var_l / n_l + factor^2 var_r / n_r), sample variances).
+    Steps of a training curve are autocorrelated, so this SE is, if anything, too small: min_z is
+    a floor against noise, not a significance test. Returns (z, text); z is None with fewer than
+    two samples on a side, NaN when both spreads and the difference are 0.
+    """
+    left, right = lhs.samples or [], rhs.samples or []
+    if len(left) < 2 or len(right) < 2:
+        return None, f"z undefined: needs at least 2 steps on each side, has {len(left)} and {len(right)}"
+    sign = 1.0 if op in (">", ">=") else -1.0
+    difference = sign * (lhs.value - factor * rhs.value)
+    variance = np.var(left, ddof=1) / len(left) + factor**2 * np.var(right, ddof=1) / len(right)
+    error = math.sqrt(float(variance)) if math.isfinite(float(variance)) else math.nan
+    if error > 0:
+        z = difference / error
+    else:
+        z = math.copysign(math.inf, difference) if difference != 0 and math.isfinite(difference) else math.nan
+    text = (
+        f"z = {_fmt(z)}: difference {_fmt(difference)} over its standard error {_fmt(error)} "
+        f"(Welch, {len(left)} vs {len(right)} steps as samples); needs z >= {min_z:g}"
+    )
+    return z, text
+
+
+@dataclass
+class _Judged:
+    measured: list[Measured]
+    failures: list[str]  # empty: every condition holds
+    notes: list[str]  # what a passing verdict reports besides "holds" (the z of each min_z check)
+    steps: int | None
+    speed_ratio: float | None
+
+
+def _judge(claim: dict, resolve) -> _Judged:
     """Apply a test's exact_zero and checks with ``resolve(operand) -> Resolved``."""
     test = claim["test"]
     measured: list[Measured] = []
     failures: list[str] = []
+    notes: list[str] = []
     steps: int | None = None
     speed_ratio: float | None = None
     for operand in test.get("exact_zero", []):
         got: Resolved = resolve(operand)
         if got.values is not None:
             nonzero = sum(1 for v in got.values if not v == 0.0)
-            ok = nonzero == 0
+            ok = nonzero == 0 and got.missing == 0
             steps = got.steps if steps is None else min(steps, got.steps or 0)
             text = f"max |value| {_fmt(got.value)} over {got.steps} steps; {nonzero} steps nonzero"
+            if got.missing:
+                text += f"; {got.missing} steps recorded null or missing"
             if not ok:
                 failures.append(f"{got.label} not zero at every step ({text})")
             measured.append(Measured(got.label, got.value, f"{got.source} ({text})", ok))
@@ -143,6 +202,18 @@ def _judge(claim: dict, resolve) -> tuple[bool, list[Measured], list[str], int |
                 f"{check['label']}: {lhs.label} = {_fmt(lhs.value)} is not {check['op']} "
                 f"{rhs_label} = {_fmt(rhs_value)}"
             )
+        z_entry = None
+        if "min_z" in check and rhs is not None:
+            z, text = welch_z(lhs, rhs, factor if factor is not None else 1.0, check["op"], check["min_z"])
+            clear = z is not None and z >= check["min_z"]
+            z_entry = Measured(f"z, {check['label']}", z, text, None)
+            if not ok:
+                failures[-1] += f" ({text})"
+            elif not clear:
+                failures.append(f"{check['label']}: the difference is within noise ({text})")
+            else:
+                notes.append(f"{check['label']}: {text}")
+            ok = ok and clear
         measured.append(Measured(lhs.label, lhs.value, lhs.source, ok))
         if rhs is not None:
             measured.append(Measured(rhs.label, rhs.value, rhs.source, ok))
@@ -150,20 +221,22 @@ def _judge(claim: dict, resolve) -> tuple[bool, list[Measured], list[str], int |
                 measured.append(
                     Measured(f"ratio {lhs.label} / {rhs.label}", lhs.value / rhs.value, "computed", None)
                 )
+        if z_entry is not None:
+            measured.append(z_entry)
         plot_ratio = check.get("plot_ratio")
         if speed_ratio is None and rhs is not None and plot_ratio:
             num, den = (lhs.value, rhs.value) if plot_ratio == "lhs/rhs" else (rhs.value, lhs.value)
             speed_ratio = num / den if den else None
         elif speed_ratio is None and test["data"] == "benchmark":
             speed_ratio = lhs.value
-    return not failures, measured, failures, steps, speed_ratio
+    return _Judged(measured, failures, notes, steps, speed_ratio)
 
 
-def _verdict_from(claim: dict, passed: bool, failures: list[str]) -> tuple[str, str]:
-    if passed:
+def _verdict_from(claim: dict, judged: _Judged) -> tuple[str, str]:
+    if not judged.failures:
         kind = REPRODUCED_EXACT if claim["test"]["rule"] == "exact" else REPRODUCED_DIRECTION
-        return kind, "every condition holds on the measured data"
-    return NOT_REPRODUCED, "; ".join(failures)
+        return kind, "; ".join(["every condition holds on the measured data", *judged.notes])
+    return NOT_REPRODUCED, "; ".join(judged.failures)
 
 
 def evaluate_claim(claim: dict, results_root: Path, run_cache: dict | None = None) -> Verdict:
@@ -182,14 +255,12 @@ def evaluate_claim(claim: dict, results_root: Path, run_cache: dict | None = Non
             base.reason = f"no benchmark file reproduced/benchmarks/{test['benchmark']}.json"
             return base
         try:
-            passed, measured, failures, steps, ratio = _judge(
-                claim, lambda op: resolve_operand(op, benchmark=bench)
-            )
+            judged = _judge(claim, lambda op: resolve_operand(op, benchmark=bench))
         except MissingData as missing:
             base.reason = str(missing)
             return base
-        base.verdict, base.reason = _verdict_from(claim, passed, failures)
-        base.measured, base.speed_ratio = measured, ratio
+        base.verdict, base.reason = _verdict_from(claim, judged)
+        base.measured, base.speed_ratio = judged.measured, judged.speed_ratio
         base.run, base.scale = bench.rel, "benchmark"
         base.provenance = _provenance_digest(bench.provenance)
         base.provenance_files = [bench.provenance_rel] if bench.provenance_rel else []
@@ -212,20 +283,21 @@ def evaluate_claim(claim: dict, results_root: Path, run_cache: dict | None = Non
         except MissingData as missing:
             lacking.append(str(missing))
             continue
-        passed, measured, failures, steps, ratio = _judge(
-            claim, lambda op, run=run: resolve_operand(op, run=run)
-        )
-        base.verdict, base.reason = _verdict_from(claim, passed, failures)
-        base.measured, base.speed_ratio = measured, ratio
+        judged = _judge(claim, lambda op, run=run: resolve_operand(op, run=run))
+        base.verdict, base.reason = _verdict_from(claim, judged)
+        base.measured, base.speed_ratio = judged.measured, judged.speed_ratio
         base.run, base.scale = run.rel, run.scale
         counted = [r.steps for r in used if r.steps is not None]
-        base.steps = steps if steps is not None else (max(counted) if counted else None)
+        base.steps = judged.steps if judged.steps is not None else (max(counted) if counted else None)
         data_dirs = list({id(r.data): r.data for r in used if r.data is not None}.values())
-        if data_dirs:
-            base.provenance = _provenance_digest(data_dirs[0].provenance)
-            commits = sorted({str(d.provenance.get("git_commit")) for d in data_dirs if d.provenance})
+        recorded = [d for d in data_dirs if d.provenance]
+        if recorded:
+            base.provenance = _provenance_digest(recorded[0].provenance)
+            commits = sorted({str(d.provenance.get("git_commit")) for d in recorded})
             if len(commits) > 1:
                 base.provenance["git_commit"] = ", ".join(commits)
+        if len(data_dirs) > 1:
+            base.arm_provenance = [_arm_provenance(d) for d in data_dirs]
         base.provenance_files = [
             d.rel + "provenance.json" for d in data_dirs if (d.path / "provenance.json").exists()
         ]

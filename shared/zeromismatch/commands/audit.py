@@ -2,6 +2,11 @@
 
 ``--strict`` compares with the committed ``results/verdicts.json`` (written by
 ``paper_figures/make_all.py``) and exits 1 when a committed reproduced-* verdict no longer holds.
+Its baseline is the file as committed at git HEAD (``git show HEAD:./verdicts.json`` in the
+results directory), because ``make_all.py`` -- the first thing ``make reproduce`` runs before the
+audit -- rewrites the working-tree copy from the same data the audit judges. Without git, or when
+the file is not tracked at HEAD, the working-tree file is the baseline. ``--committed PATH``
+names the baseline explicitly (a missing PATH is an error). The output says which was used.
 ``--contract`` prints what data each claim reads (run keys, metric series, benchmark keys), i.e.
 what an experiment must write for its claims to be judged.
 """
@@ -9,6 +14,7 @@ what an experiment must write for its claims to be judged.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +29,8 @@ def register(sub) -> None:
     p.add_argument(
         "--committed",
         default=None,
-        help="verdicts file to compare with under --strict (default: results/verdicts.json)",
+        help="verdicts file to compare with under --strict (default: results/verdicts.json as "
+        "committed at git HEAD, else the working-tree file)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable verdicts")
     p.add_argument("--contract", action="store_true", help="print the data each claim reads, then exit")
@@ -93,8 +100,72 @@ def print_table(registry, verdicts) -> None:
         )
 
 
+VERDICTS_FILE = "verdicts.json"
+
+
+def _git_head_file(results_root: Path) -> tuple[str, str] | None:
+    """(text, short commit) of ``<results_root>/verdicts.json`` at git HEAD; None without git or file."""
+    try:
+        shown = subprocess.run(
+            ["git", "show", f"HEAD:./{VERDICTS_FILE}"],
+            cwd=results_root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=results_root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if shown.returncode != 0 or head.returncode != 0:
+        return None
+    return shown.stdout, head.stdout.strip()
+
+
+def _verdicts_document(document: object, where: str) -> dict:
+    from ..audit.registry import AuditInputError
+
+    if not isinstance(document, dict) or not isinstance(document.get("claims", {}), dict):
+        raise AuditInputError(f"malformed verdicts file {where}: expected {{'claims': {{...}}}}")
+    return document
+
+
+def load_baseline(results_root: Path, explicit: str | None) -> tuple[dict | None, str]:
+    """The verdicts ``--strict`` holds the current ones to, and a sentence saying where they came from.
+
+    ``explicit`` (``--committed``) must exist; otherwise git HEAD's copy, else the working tree's,
+    else (None, why there is none).
+    """
+    from ..audit.registry import AuditInputError, read_json
+
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise AuditInputError(f"--committed {path}: no such file")
+        return _verdicts_document(read_json(path, "verdicts file"), str(path)), f"{path} (--committed)"
+    path = Path(results_root) / VERDICTS_FILE
+    at_head = _git_head_file(Path(results_root)) if Path(results_root).is_dir() else None
+    if at_head is not None:
+        text, commit = at_head
+        where = f"{path} at git HEAD {commit}"
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise AuditInputError(f"malformed verdicts file {where}: invalid JSON: {err.msg}") from err
+        return _verdicts_document(document, where), where
+    if path.is_file():
+        where = f"{path} (working tree: no git, or the file is not committed)"
+        return _verdicts_document(read_json(path, "verdicts file"), str(path)), where
+    return None, f"no verdicts file at git HEAD or at {path}"
+
+
 def run(args) -> int:
-    from ..audit.registry import AuditInputError, default_results_root, load_registry, read_json
+    from ..audit.registry import AuditInputError, default_results_root, load_registry
     from ..audit.verdicts import evaluate_all, strict_regressions
 
     results_root = Path(args.results) if args.results else default_results_root()
@@ -108,15 +179,9 @@ def run(args) -> int:
             print_contract(registry, args.experiment)
             return 0
         verdicts = evaluate_all(registry, results_root, args.experiment)
-        committed = None
+        committed, baseline = None, ""
         if args.strict:
-            committed_path = Path(args.committed) if args.committed else results_root / "verdicts.json"
-            if committed_path.exists():
-                committed = read_json(committed_path, "verdicts file")
-                if not isinstance(committed, dict) or not isinstance(committed.get("claims", {}), dict):
-                    raise AuditInputError(
-                        f"malformed verdicts file {committed_path}: expected {{'claims': {{...}}}}"
-                    )
+            committed, baseline = load_baseline(results_root, args.committed)
     except AuditInputError as err:
         print(f"zm audit: {err}", file=sys.stderr)
         return 2
@@ -127,8 +192,9 @@ def run(args) -> int:
     if not args.strict:
         return 0
     if committed is None:
-        print("zm audit --strict: no committed verdicts file; nothing to hold", file=sys.stderr)
+        print(f"zm audit --strict: {baseline}; nothing to hold", file=sys.stderr)
         return 0
+    print(f"zm audit --strict: baseline: {baseline}", file=sys.stderr)
     if args.experiment:
         committed = {
             "claims": {
