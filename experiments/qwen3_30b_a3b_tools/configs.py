@@ -12,11 +12,15 @@ from zeromismatch.rl import RLConfig
 
 
 def mini() -> list[Arm]:
-    # RL sizes from the learnability probes (/work/notes/learnability.md): lr 1e-3 and 8 prompts x 4
-    # samples per step make held-out pass@1 rise after the 300-step warm start.
+    # RL sizes from the learnability probes: 8 prompts x 4 samples per step make held-out pass@1 rise
+    # after the 300-step warm start. lr was 1e-3 while the RL phase inherited the warm start's Adam
+    # state, which damped its first steps; with a fresh optimizer (session 7) lr 1e-3 drove every
+    # reward to 0 by step 6, and with no reward there is no gradient, so it never recovered. A probe
+    # of lr 3e-4 and 5e-4 (one seed, this config) learned with both (eval pass@1 0.22 -> 0.50 and
+    # -> 0.41); 3e-4 is the pipelinerl experiment's lr too.
     config = RLConfig(
         env="tools", model="tiny-qwen3-moe", algo="reinforce_zero", steps=60, prompts_per_step=8,
-        group_size=4, max_new_tokens=24, sft_steps=300, lr=1e-3, eval_size=64, eval_samples=2, seed=0, lag=2,
+        group_size=4, max_new_tokens=24, sft_steps=300, lr=3e-4, eval_size=64, eval_samples=2, seed=0, lag=2,
     )  # fmt: skip
     return [Arm("aligned", config, "aligned kernels, async lag 2")]
 
