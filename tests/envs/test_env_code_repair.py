@@ -29,6 +29,8 @@ def test_partial_credit_is_the_fraction_of_tests_passed():
         template = TEMPLATES[0]
         # rewrite the loop line with a deliberately wrong range end; reward = passed / total
         text = "for i in range(1, n + 2):"
+        if text not in env.candidate_edits(task, 3):  # the line already reads so: no edit
+            continue
         assignment = env.candidate_edits(task, 3)[text]
         expected = run_tests(template, assignment, task.data["tests"]) / len(task.data["tests"])
         result = env.step(f"<fix>3|    {text}</fix>")
@@ -39,8 +41,10 @@ def test_candidate_edits_only_vary_the_slots_of_that_line():
     env = CodeRepairEnv(templates=("abs_diff",))
     task = env.task(0)
     edits = env.candidate_edits(task, 2)
-    assert set(edits) == {f"if a {cmp} b:" for cmp in (">", "<", ">=", "<=", "==", "!=")}
-    assert env.candidate_edits(task, 1) == {"def abs_diff(a, b):": task.data["buggy"]}
+    current = env.task(0).prompt.splitlines()[2].split(" ", 1)[1].strip()  # numbered line 2 as shown
+    every = {f"if a {cmp} b:" for cmp in (">", "<", ">=", "<=", "==", "!=")}
+    assert set(edits) == every - {current}  # the line as it stands is no edit
+    assert env.candidate_edits(task, 1) == {}  # a line without slots cannot be edited
     assert env.candidate_edits(task, 99) == {}
 
 
@@ -66,3 +70,20 @@ def test_bad_configuration():
         CodeRepairEnv(templates=("quicksort",))
     with pytest.raises(ValueError, match="num_tests"):
         CodeRepairEnv(num_tests=0)
+
+
+def test_a_line_as_it_stands_is_no_edit():
+    # session 7 review: copying a prompt line (e.g. the slot-free "def ...:" line) was an "allowed
+    # edit" and scored the buggy function's own pass rate, 0.19 on average over train tasks
+    env = CodeRepairEnv()
+    for seed in range(60):
+        env.reset(seed, "train")
+        task = env.current_task
+        template = next(t for t in TEMPLATES if t.name == task.data["template"])
+        buggy_lines = template.render(task.data["buggy"])
+        for number, line in enumerate(buggy_lines, start=1):
+            assert line.strip() not in env.candidate_edits(task, number)
+            env.reset(seed, "train")
+            assert env.score(f"<fix>{number}|{line}</fix>") == 0.0
+        env.reset(seed, "train")
+        assert env.score(env._demonstrate(env.current_task)[0]) == 1.0  # the real fix still scores

@@ -60,3 +60,13 @@ def test_run_episode_with_a_scripted_policy():
 def test_bad_configuration():
     with pytest.raises(ValueError, match="max_turns"):
         ToolsEnv(max_turns=1)
+
+
+def test_max_operand_is_capped_so_every_task_can_be_generated():
+    from zeromismatch.envs.tools import MAX_OPERAND
+
+    with pytest.raises(ValueError, match="max_operand"):
+        ToolsEnv(max_operand=MAX_OPERAND + 1)
+    env = ToolsEnv(max_operand=MAX_OPERAND)  # 10**4 and up used to raise in reset() for some seeds
+    for seed in range(300):
+        env.reset(seed)

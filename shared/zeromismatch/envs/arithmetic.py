@@ -2,9 +2,9 @@
 
 Task: ``a op b`` with op in {+, -, *}; addition/subtraction operands have 1..``max_digits`` digits,
 multiplication operands 1..``max_mul_digits`` digits. Prompt ``"Q: 37+48=\nA: "``. Single turn.
-Reward 1.0 iff the response, with surrounding whitespace removed, is exactly the decimal integer
-answer (optionally wrapped in ``<answer>...</answer>``); otherwise 0.0. No partial credit, no
-tolerance: the reward is verifiable.
+Reward 1.0 iff the response, with surrounding whitespace removed, is a decimal integer equal to the
+answer (optionally wrapped in ``<answer>...</answer>``; leading zeros and "-0" are read as ``int`` reads
+them); otherwise 0.0. No partial credit, no tolerance: the reward is verifiable.
 
 ``answer_order="lsd"`` asks for the answer's digits least-significant first (sign in front, leading
 zeros of the reversed form kept: 12+18=30 is answered ``03``), prompted ``"Q: 37+48=\nA reversed: "``.
@@ -36,7 +36,8 @@ def stated_text(response: str) -> str:
 
 
 def parse_integer_answer(response: str) -> int | None:
-    """The integer a response states, or None. Accepts "85" or "<answer>85</answer>"."""
+    """The integer a response states, or None. Accepts "85" or "<answer>85</answer>"; like ``int``, also
+    leading zeros and "-0" ("085" states 85), so the reward checks the value, not its spelling."""
     text = stated_text(response)
     return int(text) if _INTEGER.fullmatch(text) else None
 

@@ -19,8 +19,9 @@ tasks (``volume=10`` for ``volume=17``); see docs/learnability.md.
 lowercase words of 3-6 letters (any 1-8 letters are valid to type). With the fixed value sets there are
 about 1,100 distinct tasks, so a few hundred SFT steps demonstrate every train task many times and the
 policy can answer train tasks from memory; RL then raises train reward without raising held-out pass@1
-(docs/learnability.md). With free text no two tasks repeat and the only way to a reward is to copy the
-values from the task, the same skill on train and held-out tasks.
+(docs/learnability.md). Free text makes the mail tasks (about a third) unique, so for them the only way
+to a reward is to copy the values from the task, the same skill on train and held-out tasks; settings
+and calendar tasks keep their fixed value sets and still repeat (2,000 train draws: 1,058 distinct).
 
 ``step_latency_s`` sleeps inside every step to model the seconds an OSWorld step takes (S3 reports mean
 step times of 944.25 s aligned vs 884.17 s standard); the measured sleep is reported in ``info``.

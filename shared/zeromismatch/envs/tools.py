@@ -23,6 +23,7 @@ from zeromismatch.envs.safe_eval import UnsafeExpressionError, safe_eval
 
 __all__ = ["ToolsEnv"]
 
+MAX_OPERAND = 3981
 _CALL = re.compile(r"\s*<calc>(.*?)</calc>\s*", re.DOTALL)
 _ANSWER = re.compile(r"\s*<answer>.*?</answer>\s*", re.DOTALL)
 
@@ -34,8 +35,10 @@ class ToolsEnv(Env):
         super().__init__()
         if max_turns < 2:
             raise ValueError(f"max_turns must be >= 2 (one tool call and one answer), got {max_turns}")
-        if not 10 <= max_operand <= 10**6:
-            raise ValueError(f"max_operand must be in 10..1e6, got {max_operand}")
+        # the a**k % m template (k <= 5) must stay inside safe_eval's magnitude limit, or task
+        # generation itself would be refused: 3981**5 < 1e18 <= 3982**5
+        if not 10 <= max_operand <= MAX_OPERAND:
+            raise ValueError(f"max_operand must be in 10..{MAX_OPERAND}, got {max_operand}")
         self.max_turns = max_turns
         self.max_operand = max_operand
 
