@@ -29,16 +29,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _int_at_least(minimum: int):
+    """argparse type: an int >= ``minimum`` (bad values exit 2 before any work is done)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--lag", type=int, default=4)
+    parser.add_argument("--steps", type=_int_at_least(1), default=24)
+    parser.add_argument("--repeats", type=_int_at_least(1), default=3)
+    parser.add_argument("--lag", type=_int_at_least(1), default=4, help="the async arms' lag")
     parser.add_argument("--env", default="arithmetic")
     parser.add_argument("--model", default="tiny-qwen3")
     parser.add_argument("--out", default=str(ROOT / "results/reproduced/benchmarks/async.json"))
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    from zeromismatch.envs import ENVS
+    from zeromismatch.models.presets import PRESETS
+
+    if args.model not in PRESETS:
+        parser.error(f"unknown --model {args.model!r}; choose from {sorted(PRESETS)}")
+    if args.env not in ENVS:
+        parser.error(f"unknown --env {args.env!r}; choose from {sorted(ENVS)}")
 
     import ray
 

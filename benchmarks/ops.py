@@ -200,14 +200,30 @@ def sequence_cases() -> list[OpCase]:
     return list(module.CASES)
 
 
+def _int_at_least(minimum: int):
+    """argparse type: an int >= ``minimum`` (bad values exit 2 before any work is done)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--only", default="", help="comma-separated op names to run")
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=_int_at_least(1), default=15)
     parser.add_argument("--out", default="", help="write the timings as JSON here")
     parser.add_argument(
-        "--threads", type=int, default=0, help="torch threads (0 = default); 1 is steadier on a loaded host"
+        "--threads", type=_int_at_least(0), default=0,
+        help="torch threads (0 = default); 1 is steadier on a loaded host",
     )
     parser.add_argument(
         "--clock",
@@ -221,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         help="torch device to time on (inputs are built on the CPU and moved; wall clock, synchronized)",
     )
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        parser.error(f"bad --device {args.device!r}: {err}")
     if device.type != "cpu" and args.clock == "cpu":
         parser.error(f"--clock cpu cannot time a {device.type} device")
     if args.threads > 0:

@@ -142,19 +142,34 @@ def run_rotating(timers: dict, repeats: int, quiet: bool = False) -> tuple[dict,
     return runs, medians, cpu_medians
 
 
+def _int_at_least(minimum: int):
+    """argparse type: an int >= ``minimum`` (bad values exit 2 before any work is done)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-qwen3")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--batch", type=_int_at_least(1), default=32)
+    parser.add_argument("--prompt-len", type=_int_at_least(1), default=16)
+    parser.add_argument("--new-tokens", type=_int_at_least(1), default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=_int_at_least(1), default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads",
-        type=int,
+        type=_int_at_least(1),
         default=1,
         help="torch threads for all systems (1 default: on a shared machine, OpenMP barriers under "
         "oversubscription stall multi-threaded runs far more than they speed them up)",
@@ -163,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
     parser.add_argument("--out", default="results/reproduced/benchmarks/rollout.json")
     args = parser.parse_args(argv)
+    from zeromismatch.models.presets import PRESETS
+
+    if args.model not in PRESETS:
+        parser.error(f"unknown --model {args.model!r}; choose from {sorted(PRESETS)}")
 
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]

@@ -237,7 +237,7 @@ def run_it(name: str) -> list[str]:
             f"CPU minutes -> results/reproduced/{name}/mini/",
         ),
         (
-            f"python experiments/{name}/launch.py --scale full --dry-run",
+            f"python experiments/{name}/launch.py --scale full --cluster slurm --dry-run",
             f"sbatch scripts + resolved configs -> runs/full/{name}/",
         ),
         (f"python experiments/{name}/figures.py", "figures + verdicts from results/ only"),

@@ -66,3 +66,11 @@ def test_every_kernel_set_implements_every_op_from_its_own_modules():
             # default may reuse the one shared sampler definition; nothing else crosses over
             if op != "processed_log_softmax":
                 assert module.startswith(f"zeromismatch.kernels.{name}."), (name, op, module)
+
+
+def test_train_errors_go_to_stderr(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    assert main(["train", "--steps", "1", "--quiet", "--out", str(afile)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("zm train: ")

@@ -185,7 +185,17 @@ def test_cli_aligned_json_exit_zero(capsys):
     assert out["logprob_diff"]["identical"] is True and out["repro"] is None
 
 
-def test_cli_default_table_exit_one_and_writes_repro(capsys, tmp_path):
+def test_cli_default_table_exit_one_and_writes_repro(capsys, tmp_path, monkeypatch):
+    import zeromismatch.io
+
+    written = []
+    atomic_write_bytes = zeromismatch.io.atomic_write_bytes
+
+    def spy(path, data):
+        written.append(path.name)
+        atomic_write_bytes(path, data)
+
+    monkeypatch.setattr(zeromismatch.io, "atomic_write_bytes", spy)
     rc = main(
         [
             "bisect",
@@ -211,6 +221,22 @@ def test_cli_default_table_exit_one_and_writes_repro(capsys, tmp_path):
         "rollout_inputs.safetensors",
         "trainer_inputs.safetensors",
     }
+    # the tensors are written atomically too: a killed run leaves no truncated .safetensors
+    tensors = sorted(name for name in written if name.endswith(".safetensors"))
+    assert tensors == [f"{n}.safetensors" for n in ("expected", "rollout_inputs", "trainer_inputs")]
+
+
+def test_cli_out_that_is_a_file_exits_two_before_bisecting(capsys, tmp_path, monkeypatch):
+    import zeromismatch.bisect.report
+
+    monkeypatch.setattr(zeromismatch.bisect.report, "run_bisect", lambda *a, **k: pytest.fail("bisected"))
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    for out in (afile, afile / "sub"):
+        rc = main(["bisect", "--model", "tiny-qwen3", "--rollout-kernels", "default", "--trainer-kernels",
+                   "default", "--out", str(out), *SMALL_ARGS])  # fmt: skip
+        err = capsys.readouterr().err
+        assert rc == 2 and "is not a directory" in err and err.count("\n") == 1
 
 
 def test_cli_perturb_json_names_the_planted_op(capsys):

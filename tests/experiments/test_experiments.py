@@ -85,7 +85,7 @@ def test_full_scale_dry_run_writes_sbatch(tmp_path, monkeypatch, name):
     import zeromismatch.expt.runner as runner
 
     monkeypatch.setattr(runner, "ROOT", tmp_path)
-    out = run_experiment(load(name), "full", dry_run=True)
+    out = run_experiment(load(name), "full", cluster="slurm", dry_run=True)
     folder = tmp_path / "runs" / "full" / name
     for arm in out:
         script = (folder / f"{name}.{arm}.sbatch").read_text()
@@ -102,3 +102,66 @@ def test_launcher_rejects_unknown_arm_with_one_clear_error():
     )  # fmt: skip
     assert out.returncode == 2
     assert "unknown arm(s) ['nope']" in out.stderr
+
+
+def test_full_scale_dry_run_honours_out_root(tmp_path, monkeypatch):
+    import zeromismatch.expt.runner as runner
+
+    monkeypatch.setattr(runner, "ROOT", tmp_path / "root")
+    experiment = load("reinforce_zero_lag64")
+    run_experiment(experiment, "full", cluster="slurm", dry_run=True, out_root=tmp_path / "out")
+    assert (tmp_path / "out" / "full" / "reinforce_zero_lag64" / "aligned.resolved.json").exists()
+    assert not (tmp_path / "root").exists()
+
+
+def test_full_scale_rejects_unknown_arm_and_non_slurm_cluster_before_writing(tmp_path):
+    experiment = load("reinforce_zero_lag64")
+    with pytest.raises(ValueError, match=r"unknown arm\(s\) \['nope'\]"):
+        run_experiment(experiment, "full", ["nope"], cluster="slurm", dry_run=True, out_root=tmp_path)
+    with pytest.raises(ValueError, match="--cluster slurm"):
+        run_experiment(experiment, "full", cluster="local", dry_run=True, out_root=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_full_scale_keeps_the_lag_of_non_headline_arms(tmp_path):
+    experiment = load("reinforce_zero_lag64")
+    run_experiment(experiment, "full", ["aligned_lag8", "aligned"], cluster="slurm", dry_run=True,
+                   out_root=tmp_path)  # fmt: skip
+    folder = tmp_path / "full" / "reinforce_zero_lag64"
+    assert json.loads((folder / "aligned_lag8.resolved.json").read_text())["config"]["lag"] == 8
+    assert json.loads((folder / "aligned.resolved.json").read_text())["config"]["lag"] == experiment.full.lag
+
+
+def test_full_scale_without_backend_refuses_to_submit_or_to_succeed(tmp_path, monkeypatch):
+    import importlib
+
+    import zeromismatch.expt.runner as runner
+
+    submit_module = importlib.import_module("zeromismatch.launch.submit")
+    monkeypatch.setattr(runner, "FULL_SCALE_BACKEND", "zeromismatch.integrations.no_such_backend")
+    monkeypatch.setattr(submit_module, "submit", lambda *a, **k: pytest.fail("submitted without a backend"))
+    with pytest.raises(RuntimeError, match="no_such_backend"):
+        run_experiment(load("reinforce_zero_lag64"), "full", cluster="slurm", out_root=tmp_path)
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(RuntimeError, match="no_such_backend"):
+        runner.run_full_arm("reinforce_zero_lag64", {"arm": "aligned"})
+
+
+def test_run_full_arm_names_the_missing_entry_point(monkeypatch):
+    import zeromismatch.expt.runner as runner
+
+    monkeypatch.setattr(runner, "FULL_SCALE_BACKEND", "zeromismatch.integrations")
+    with pytest.raises(NotImplementedError, match="run_arm"):
+        runner.run_full_arm("reinforce_zero_lag64", {"arm": "aligned"})
+
+
+def test_launcher_rejects_out_root_that_is_a_file(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "osworld_step_time" / "launch.py"), "--scale", "smoke",
+         "--out-root", str(afile)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "not a directory" in out.stderr and "Traceback" not in out.stderr

@@ -103,6 +103,16 @@ def test_bad_input_is_one_clear_error(tmp_path):
     assert out.returncode == 2 and "unknown learnability case(s) ['nope']" in out.stderr
 
 
+def test_out_root_that_is_a_file_is_one_clear_error(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "learnability.py"), "--out-root", str(afile), "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and "is not a directory" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_corrupt_summary_names_the_file(tmp_path):
     _fake_run(tmp_path, "broken", 0, 0.1, 0.2)
     (tmp_path / "reproduced" / "learnability" / "broken" / "seed0" / "summary.json").write_text("{not json")

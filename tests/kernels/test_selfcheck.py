@@ -100,6 +100,23 @@ def test_cli_bad_input_gets_one_clear_error(args, message, capsys, tmp_path):
     assert out.read_text() == "{}"  # nothing already written is lost
 
 
+def test_cli_bad_out_fails_before_any_check_and_unknown_op_lists_each_op_once(capsys, tmp_path, monkeypatch):
+    import zeromismatch.kernels.selfcheck as selfcheck
+
+    monkeypatch.setattr(selfcheck, "run_checks", lambda *a, **k: pytest.fail("ran the checks"))
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    for out, message in ((tmp_path, "is a directory"), (afile / "x.json", "is not a directory")):
+        assert main(["invariance", "--quiet", "--only", "rms_norm", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    monkeypatch.undo()
+    assert main(["invariance", "--quiet", "--only", "convolution"]) == 2
+    listed = capsys.readouterr().err.split("choose from ")[1]
+    names = [name.strip(" '[]\n") for name in listed.split(",")]
+    assert len(names) == len(set(names)) and "linear" in names
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernels", ["aligned", "default"])
 def test_report_runs_on_cuda(kernels):

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from zeromismatch.cli import main
 
 
@@ -18,3 +20,21 @@ def test_zm_parity_text_and_bad_input(capsys):
     assert rc == 0 and "diff_max" in text and "identical  True" in text
     rc = main(["parity", "--model", "tiny-qwen3", "--top-p", "1.5"])
     assert rc == 2 and "top_p" in capsys.readouterr().err
+
+
+def test_zm_parity_rejects_bad_tp_and_prompt_count_before_spawning(capsys, monkeypatch):
+    import zeromismatch.engine.tp as engine_tp
+
+    monkeypatch.setattr(engine_tp, "run_spmd", lambda *a, **k: pytest.fail("spawned workers"))
+    cases = [
+        (["--tp", "3"], "--tp 3 must divide"),
+        (["--tp", "4"], "num_key_value_heads"),  # tiny-qwen3 has 2 KV heads
+        (["--tp", "64"], "--tp 64 must divide"),
+        (["--trainer-tp", "3"], "--trainer-tp 3 must divide"),
+        (["--trainer-tp", "0"], "--trainer-tp must be >= 1"),
+        (["--num-prompts", "0"], "--num-prompts must be >= 1"),
+    ]
+    for extra, message in cases:
+        rc = main(["parity", "--model", "tiny-qwen3", "--max-tokens", "2", *extra])
+        captured = capsys.readouterr()
+        assert rc == 2 and message in captured.err, (extra, captured.err)

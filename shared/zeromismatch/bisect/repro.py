@@ -115,9 +115,9 @@ def minimize(engine: CallRecord, trainer: CallRecord, e_row: int, t_row: int, e_
 
 def write_repro(result, out_dir: str | Path) -> dict:
     """Write the repro of ``result.first`` into ``out_dir``; returns what repro.json holds."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    from ..io import atomic_write_text
+    from ..io import atomic_write_bytes, atomic_write_text
 
     first = result.first
     if first is None:
@@ -142,14 +142,14 @@ def write_repro(result, out_dir: str | Path) -> dict:
     for side, args in (("rollout", e_args), ("trainer", t_args)):
         tensors: dict[str, torch.Tensor] = {}
         spec_args[side] = _encode_args(args, tensors)
-        save_file(tensors, str(out / f"{side}_inputs.safetensors"))
+        atomic_write_bytes(out / f"{side}_inputs.safetensors", save(tensors))
     expected = {}
     for k, (a, b) in enumerate(
         zip(row_outputs(engine.op, engine.output), row_outputs(trainer.op, trainer.output))
     ):
         expected[f"rollout.{k}"] = a[[first.first_engine_row]].contiguous()
         expected[f"trainer.{k}"] = b[[first.first_trainer_row]].contiguous()
-    save_file(expected, str(out / "expected.safetensors"))
+    atomic_write_bytes(out / "expected.safetensors", save(expected))
     spec = {
         "model": cfg.model,
         "site": first.site,

@@ -88,6 +88,24 @@ def diff_stats(rollout: torch.Tensor, trainer: torch.Tensor) -> dict:
     return logprob_diff_stats(rollout, trainer)
 
 
+def check_tp_degree(config, degree: int, option: str) -> None:
+    """Reject a TP degree the model cannot be sharded by, before any worker is spawned (a bad
+    degree would otherwise fail inside every worker, or stall while they start)."""
+    from ..models.layers import VIRTUAL_SHARDS
+
+    if degree < 1:
+        raise ValueError(f"{option} must be >= 1, got {degree}")
+    if VIRTUAL_SHARDS % degree:
+        raise ValueError(
+            f"{option} {degree} must divide the {VIRTUAL_SHARDS} virtual shards of the row-parallel linears"
+        )
+    for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
+                  "mamba_num_heads"):  # fmt: skip
+        size = int(getattr(config, field, 0) or 0)
+        if size % degree:
+            raise ValueError(f"{option} {degree} must divide the model's {field}={size}")
+
+
 def run_parity(
     model: str,
     kernels: str = "aligned",
@@ -113,6 +131,11 @@ def run_parity(
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    config = resolve_config(model)
+    check_tp_degree(config, tp, "--tp")
+    check_tp_degree(config, trainer_tp, "--trainer-tp")
     torch_dtype = DTYPES[dtype]
     params_kwargs = dict(
         temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, logprobs_mode=logprobs_mode
@@ -136,7 +159,7 @@ def run_parity(
     else:
         llm = LLM(model, kernels, **engine_kwargs)
     try:
-        vocab = int(resolve_config(model).vocab_size)
+        vocab = int(config.vocab_size)
         workload = make_workload(seed, num_prompts, vocab, max_prompt_len, params_kwargs)
         outputs = run_engine_workload(llm, workload)
         stats = {

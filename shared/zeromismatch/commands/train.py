@@ -10,6 +10,7 @@ Writes metrics.jsonl (one record per step), summary.json, provenance.json and co
 from __future__ import annotations
 
 import json
+import sys
 
 
 def register(sub) -> None:
@@ -65,7 +66,7 @@ def run(args) -> int:
         )  # fmt: skip
         summary = train(config, args.out, resume=args.resume, quiet=args.quiet)
     except (ValueError, FileExistsError, NotImplementedError) as err:
-        print(f"zm train: {err}")
+        print(f"zm train: {err}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0

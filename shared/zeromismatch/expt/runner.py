@@ -3,7 +3,9 @@
 Each arm trains into a hidden temp directory next to its final place and is renamed
 into ``results/reproduced/<experiment>/<scale>/<arm>/`` only when it finished, so
 ``results/`` never holds half a run. An arm whose ``summary.json`` exists is skipped
-unless ``--force``; a re-run replaces it whole.
+unless ``--force``; a re-run replaces it whole. ``--scale full`` (``--cluster slurm`` only) writes
+each arm's resolved config and sbatch script to ``<out-root>/full/<experiment>/`` (default
+``runs/full/<experiment>/``) and submits them unless ``--dry-run``.
 """
 
 from __future__ import annotations
@@ -42,30 +44,56 @@ def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
     """The resolved full-scale config of every arm: the mini arm's choices (kernels, lag,
     algorithm, logprob semantics ...) on the published model, engine, trainer and scale."""
     full = experiment.full
+    mini_arms = experiment.arms_for("mini")
+    # Only the headline arms (the mini scale's largest lag stands in for the published lag) take the
+    # published lag; a lag-8 ablation stays at lag 8.
+    headline_lag = max(arm.config.lag for arm in mini_arms)
     configs = {}
-    for arm in experiment.arms_for("mini"):
+    for arm in mini_arms:
         config = arm.config.to_dict()
         config.update(
             model=full.model, env=full.env, steps=full.updates, dtype=full.precision or config["dtype"],
             executor="ray", rollout_engine=full.rollout_engine, trainer=full.trainer,
         )  # fmt: skip
-        if config["lag"] and full.lag is not None:
+        if config["lag"] and config["lag"] == headline_lag and full.lag is not None:
             config["lag"] = full.lag
         configs[arm.name] = {"arm": arm.name, "note": arm.note, "config": config,
                              "published": dataclasses.asdict(full)}  # fmt: skip
     return configs
 
 
-def run_full_arm(experiment_name: str, resolved: dict) -> None:
-    """Entry point of a full-scale Slurm job: needs the GPU integrations (vLLM + Megatron)."""
-    try:
-        from ..integrations import full_scale  # noqa: F401
-    except ImportError as err:
-        raise RuntimeError(
-            f"{experiment_name}/{resolved['arm']}: the full-scale backend (zeromismatch.integrations."
-            "full_scale: vLLM rollout + Megatron learner on GPUs) is not part of this build; "
-            "install the 'gpu' and 'megatron' extras on the cluster image"
-        ) from err
+FULL_SCALE_BACKEND = "zeromismatch.integrations.full_scale"
+FULL_SCALE_ENTRY = "run_arm"
+
+
+def _missing_full_scale_backend() -> str | None:
+    """Why a full-scale job could not run here (None when the backend and its entry point exist)."""
+    import importlib.util
+
+    if importlib.util.find_spec(FULL_SCALE_BACKEND) is None:
+        return (
+            f"the full-scale backend ({FULL_SCALE_BACKEND}: vLLM rollout + Megatron learner on GPUs) is not "
+            "part of this build; install the 'gpu' and 'megatron' extras on the cluster image"
+        )
+    return None
+
+
+def run_full_arm(experiment_name: str, resolved: dict):
+    """Entry point of a full-scale Slurm job: hands the resolved config to the GPU backend
+    (vLLM + Megatron); fails loudly rather than returning having trained nothing."""
+    import importlib
+
+    missing = _missing_full_scale_backend()
+    if missing:
+        raise RuntimeError(f"{experiment_name}/{resolved['arm']}: {missing}")
+    backend = importlib.import_module(FULL_SCALE_BACKEND)
+    entry = getattr(backend, FULL_SCALE_ENTRY, None)
+    if entry is None:
+        raise NotImplementedError(
+            f"{experiment_name}/{resolved['arm']}: {FULL_SCALE_BACKEND} has no "
+            f"{FULL_SCALE_ENTRY}(experiment_name, resolved) entry point"
+        )
+    return entry(experiment_name, resolved)
 
 
 def run_experiment(
@@ -82,9 +110,12 @@ def run_experiment(
         raise ValueError(f"--scale must be one of {SCALES}, got {scale!r}")
     if cluster not in CLUSTERS:
         raise ValueError(f"--cluster must be one of {CLUSTERS}, got {cluster!r}")
-    out_root = Path(out_root) if out_root else ROOT / "results" / "reproduced"
     if scale == "full":
-        return _full(experiment, arms, dry_run)
+        if cluster != "slurm":
+            raise ValueError(f"--scale full runs on Slurm only: pass --cluster slurm (got {cluster!r})")
+        return _full(experiment, arms, dry_run, Path(out_root) if out_root else ROOT / "runs")
+    out_root = Path(out_root) if out_root else ROOT / "results" / "reproduced"
+    _check_out_root(out_root)
     chosen = experiment.arms_for(scale)
     if arms:
         unknown = sorted(set(arms) - {a.name for a in chosen})
@@ -120,13 +151,31 @@ def run_experiment(
     return results
 
 
-def _full(experiment: Experiment, arms: list[str] | None, dry_run: bool) -> dict[str, dict]:
+def _check_out_root(out_root: Path) -> None:
+    """Fail before any work when ``out_root`` cannot hold run folders."""
+    for parent in (out_root, *out_root.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"--out-root {out_root}: {parent} exists and is not a directory")
+            return
+
+
+def _full(experiment: Experiment, arms: list[str] | None, dry_run: bool, out_root: Path) -> dict[str, dict]:
     from ..launch.submit import submit
 
     configs = full_scale_configs(experiment)
     if arms:
+        unknown = sorted(set(arms) - set(configs))
+        if unknown:
+            raise ValueError(f"unknown arm(s) {unknown}; {experiment.name}/full has {list(configs)}")
         configs = {k: v for k, v in configs.items() if k in arms}
-    folder = ROOT / "runs" / "full" / experiment.name
+    _check_out_root(out_root)
+    missing = _missing_full_scale_backend()
+    if missing and not dry_run:
+        raise RuntimeError(f"not submitting: {missing}")
+    if missing:
+        print(f"{experiment.name}: warning: the jobs would fail: {missing}", file=sys.stderr)
+    folder = out_root / "full" / experiment.name
     out = {}
     for name, resolved in configs.items():
         atomic_write_json(folder / f"{name}.resolved.json", resolved)
@@ -149,7 +198,8 @@ def launch_main(experiment: Experiment, argv: list[str] | None = None) -> int:
                         help="inline = this process; local/debug/slurm go through submitit")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="write scripts/configs, run nothing")
     parser.add_argument("--force", action="store_true", help="rerun arms that already have results")
-    parser.add_argument("--out-root", default=None, help="default: results/reproduced")
+    parser.add_argument("--out-root", default=None,
+                        help="default: results/reproduced (runs/ for --scale full)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     try:
@@ -157,7 +207,7 @@ def launch_main(experiment: Experiment, argv: list[str] | None = None) -> int:
             experiment, args.scale, args.arms.split(",") if args.arms else None, args.cluster,
             args.dry_run, args.force, args.quiet, args.out_root,
         )  # fmt: skip
-    except (ValueError, FileExistsError, RuntimeError) as err:
+    except (ValueError, OSError, RuntimeError) as err:
         print(f"{experiment.name}: {err}", file=sys.stderr)
         return 2
     return 0

@@ -54,7 +54,9 @@ class Experiment:
         if scale not in SCALES:
             raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
         if scale == "full":
-            raise ValueError("full scale runs on the GPU cluster; see launch.py --scale full --dry-run")
+            raise ValueError(
+                "full scale runs on the GPU cluster; see launch.py --scale full --cluster slurm --dry-run"
+            )
         if scale not in self.arms:
             raise ValueError(f"{self.name} has no {scale!r} configuration (has {sorted(self.arms)})")
         arms = self.arms[scale]()

@@ -297,7 +297,7 @@ def run_checks(
         raise ValueError(f"unknown dtype(s) {unknown}; choose from {sorted(DTYPES)}")
     bad_ops = sorted(set(only) - set(check_names()))
     if bad_ops:
-        raise ValueError(f"unknown check(s) {bad_ops}; choose from {check_names()}")
+        raise ValueError(f"unknown check(s) {bad_ops}; choose from {list(dict.fromkeys(check_names()))}")
     results = []
     with torch.inference_mode():
         for dtype in dtypes:
