@@ -29,26 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _int_at_least(minimum: int):
-    """argparse type: an int >= ``minimum`` (bad values exit 2 before any work is done)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
+    from zeromismatch.argtypes import int_at_least
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=_int_at_least(1), default=24)
-    parser.add_argument("--repeats", type=_int_at_least(1), default=3)
-    parser.add_argument("--lag", type=_int_at_least(1), default=4, help="the async arms' lag")
+    parser.add_argument("--steps", type=int_at_least(1), default=24)
+    parser.add_argument("--repeats", type=int_at_least(1), default=3)
+    parser.add_argument("--lag", type=int_at_least(1), default=4, help="the async arms' lag")
     parser.add_argument("--env", default="arithmetic")
     parser.add_argument("--model", default="tiny-qwen3")
     parser.add_argument("--out", default=str(ROOT / "results/reproduced/benchmarks/async.json"))

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import OpCase, format_table, measure, summarize  # noqa: E402
 
+from zeromismatch.argtypes import int_at_least  # noqa: E402
 from zeromismatch.kernels import get_kernels  # noqa: E402
 from zeromismatch.kernels.quant import quantize_fp8, quantize_nvfp4  # noqa: E402
 
@@ -200,29 +201,14 @@ def sequence_cases() -> list[OpCase]:
     return list(module.CASES)
 
 
-def _int_at_least(minimum: int):
-    """argparse type: an int >= ``minimum`` (bad values exit 2 before any work is done)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--only", default="", help="comma-separated op names to run")
-    parser.add_argument("--repeats", type=_int_at_least(1), default=15)
+    parser.add_argument("--repeats", type=int_at_least(1), default=15)
     parser.add_argument("--out", default="", help="write the timings as JSON here")
     parser.add_argument(
-        "--threads", type=_int_at_least(0), default=0,
+        "--threads", type=int_at_least(0), default=0,
         help="torch threads (0 = default); 1 is steadier on a loaded host",
     )
     parser.add_argument(

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from zeromismatch._provenance import provenance
+from zeromismatch.argtypes import int_at_least
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
 from zeromismatch.io import atomic_write_json
@@ -142,34 +143,19 @@ def run_rotating(timers: dict, repeats: int, quiet: bool = False) -> tuple[dict,
     return runs, medians, cpu_medians
 
 
-def _int_at_least(minimum: int):
-    """argparse type: an int >= ``minimum`` (bad values exit 2 before any work is done)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-qwen3")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    parser.add_argument("--batch", type=_int_at_least(1), default=32)
-    parser.add_argument("--prompt-len", type=_int_at_least(1), default=16)
-    parser.add_argument("--new-tokens", type=_int_at_least(1), default=128)
+    parser.add_argument("--batch", type=int_at_least(1), default=32)
+    parser.add_argument("--prompt-len", type=int_at_least(1), default=16)
+    parser.add_argument("--new-tokens", type=int_at_least(1), default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--repeats", type=_int_at_least(1), default=5)
+    parser.add_argument("--repeats", type=int_at_least(1), default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=1,
         help="torch threads for all systems (1 default: on a shared machine, OpenMP barriers under "
         "oversubscription stall multi-threaded runs far more than they speed them up)",
