@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
     from zeromismatch.expt.learnability import SEEDS, cases, run_suite, select
+    from zeromismatch.io import check_directory_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
@@ -24,13 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rerun finished runs")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or per-run lines")
     args = parser.parse_args(argv)
-    if args.out_root:
-        # A file in the way would otherwise surface as a traceback after the first run trained.
-        out_root = Path(args.out_root)
-        existing = next((p for p in (out_root, *out_root.parents) if p.exists()), None)
-        if existing is not None and not existing.is_dir():
-            parser.error(f"--out-root {out_root}: {existing} exists and is not a directory")
     try:
+        if args.out_root:  # a file in the way would otherwise fail only after the first run trained
+            check_directory_path(args.out_root, "--out-root")
         chosen = select(args.cases.split(",") if args.cases else None, cases())
         run_suite(chosen, tuple(args.seeds), args.out_root, args.force, args.quiet)
     except (ValueError, OSError) as err:

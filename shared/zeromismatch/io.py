@@ -46,6 +46,24 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def check_directory_path(path: str | os.PathLike, option: str) -> None:
+    """ValueError naming ``option`` when ``path`` cannot be (or be created as) a directory because it,
+    or a parent of it, exists as something else: checked before any work, so a bad output path
+    never fails only after the results were computed."""
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(f"{option} {path}: {existing} exists and is not a directory")
+
+
+def check_file_path(path: str | os.PathLike, option: str) -> None:
+    """As :func:`check_directory_path`, for a file to be written at ``path``."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a directory; give a file name")
+    check_directory_path(path.parent, option)
+
+
 def _where(at: str) -> str:
     return f"not JSON-serialisable at {at or '(top level)'}"
 

@@ -1,7 +1,7 @@
 """Learner behaviour fixed in review (session 7); each test failed before its fix.
 
-- RL starts with a fresh optimizer: the warm start's Adam moments moved the weights on an RL step
-  whose gradient was exactly zero;
+- RL starts with fresh Adam moments (the warm start has its own optimizer): the warm start's moments
+  moved the weights on an RL step whose gradient was exactly zero;
 - at lag > 0 with top-k, tokens outside the current policy's support weigh 0 but their responses
   stay in the batch (they were dropped, which changed B, |y_i| and the group baselines).
 """

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 
 def register(sub) -> None:
@@ -57,23 +56,15 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _check_out(out: str | None) -> None:
-    """A ``--out`` that cannot become a directory fails now, not after the whole bisection."""
-    if out is None:
-        return
-    path = Path(out)
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise ValueError(f"--out {out}: {existing} exists and is not a directory")
-
-
 def run(args) -> int:
     from ..bisect.driver import BisectConfig
     from ..bisect.report import format_text, run_bisect
     from ..bisect.repro import write_repro
+    from ..io import check_directory_path
 
     try:
-        _check_out(args.out)
+        if args.out is not None:  # checked now, not after the whole bisection
+            check_directory_path(args.out, "--out")
     except ValueError as err:
         print(f"zm bisect: {err}", file=sys.stderr)
         return 2

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from pathlib import Path
 
 
 def register(sub) -> None:
@@ -46,6 +45,7 @@ def _parse(args):
     """(kernel sets, devices, thread counts) from the arguments; ValueError names what is wrong."""
     import torch
 
+    from ..io import check_file_path
     from ..kernels import get_kernels
 
     kernels = [get_kernels(name) for name in _split(args.kernels)]
@@ -64,14 +64,8 @@ def _parse(args):
         raise ValueError(f"--threads must be comma-separated integers, got {args.threads!r}") from None
     if not kernels or not devices or not threads or any(t < 0 for t in threads):
         raise ValueError("--kernels, --device and --threads each need at least one value (threads >= 0)")
-    if args.out:
-        # checked now: a bad --out would otherwise only fail once every check has run
-        out = Path(args.out)
-        if out.is_dir():
-            raise ValueError(f"--out {args.out} is a directory; give a file name")
-        existing = next((p for p in out.parents if p.exists()), None)
-        if existing is not None and not existing.is_dir():
-            raise ValueError(f"--out {args.out}: {existing} exists and is not a directory")
+    if args.out:  # checked now: a bad --out would otherwise only fail once every check has run
+        check_file_path(args.out, "--out")
     return kernels, devices, threads
 
 

@@ -88,24 +88,6 @@ def diff_stats(rollout: torch.Tensor, trainer: torch.Tensor) -> dict:
     return logprob_diff_stats(rollout, trainer)
 
 
-def check_tp_degree(config, degree: int, option: str) -> None:
-    """Reject a TP degree the model cannot be sharded by, before any worker is spawned (a bad
-    degree would otherwise fail inside every worker, or stall while they start)."""
-    from ..models.layers import VIRTUAL_SHARDS
-
-    if degree < 1:
-        raise ValueError(f"{option} must be >= 1, got {degree}")
-    if VIRTUAL_SHARDS % degree:
-        raise ValueError(
-            f"{option} {degree} must divide the {VIRTUAL_SHARDS} virtual shards of the row-parallel linears"
-        )
-    for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
-                  "mamba_num_heads"):  # fmt: skip
-        size = int(getattr(config, field, 0) or 0)
-        if size % degree:
-            raise ValueError(f"{option} {degree} must divide the model's {field}={size}")
-
-
 def run_parity(
     model: str,
     kernels: str = "aligned",
@@ -134,6 +116,8 @@ def run_parity(
     if num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
     config = resolve_config(model)
+    from ..models.causal_lm import check_tp_degree
+
     check_tp_degree(config, tp, "--tp")
     check_tp_degree(config, trainer_tp, "--trainer-tp")
     torch_dtype = DTYPES[dtype]

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..io import atomic_write_json
+from ..io import atomic_write_json, check_directory_path
 from .spec import SCALES, Arm, Experiment
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -115,7 +115,7 @@ def run_experiment(
             raise ValueError(f"--scale full runs on Slurm only: pass --cluster slurm (got {cluster!r})")
         return _full(experiment, arms, dry_run, Path(out_root) if out_root else ROOT / "runs")
     out_root = Path(out_root) if out_root else ROOT / "results" / "reproduced"
-    _check_out_root(out_root)
+    check_directory_path(out_root, "--out-root")
     chosen = experiment.arms_for(scale)
     if arms:
         unknown = sorted(set(arms) - {a.name for a in chosen})
@@ -151,15 +151,6 @@ def run_experiment(
     return results
 
 
-def _check_out_root(out_root: Path) -> None:
-    """Fail before any work when ``out_root`` cannot hold run folders."""
-    for parent in (out_root, *out_root.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"--out-root {out_root}: {parent} exists and is not a directory")
-            return
-
-
 def _full(experiment: Experiment, arms: list[str] | None, dry_run: bool, out_root: Path) -> dict[str, dict]:
     from ..launch.submit import submit
 
@@ -169,7 +160,7 @@ def _full(experiment: Experiment, arms: list[str] | None, dry_run: bool, out_roo
         if unknown:
             raise ValueError(f"unknown arm(s) {unknown}; {experiment.name}/full has {list(configs)}")
         configs = {k: v for k, v in configs.items() if k in arms}
-    _check_out_root(out_root)
+    check_directory_path(out_root, "--out-root")
     missing = _missing_full_scale_backend()
     if missing and not dry_run:
         raise RuntimeError(f"not submitting: {missing}")

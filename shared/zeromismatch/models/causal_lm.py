@@ -45,6 +45,28 @@ class _Entry:
     full_shape: tuple[int, ...]
 
 
+#: config fields a tensor-parallel degree must divide (the sharded head and width dimensions)
+TP_SHARDED_FIELDS = (
+    "num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
+    "mamba_num_heads",
+)  # fmt: skip
+
+
+def check_tp_degree(config, degree: int, name: str = "tensor-parallel degree") -> None:
+    """Reject a TP degree the model cannot be sharded by: it must divide the virtual shards of the
+    row-parallel linears and every sharded dimension (callers that spawn workers check it first)."""
+    if degree < 1:
+        raise ValueError(f"{name} must be >= 1, got {degree}")
+    if VIRTUAL_SHARDS % degree:
+        raise ValueError(
+            f"{name} {degree} must divide the {VIRTUAL_SHARDS} virtual shards of the row-parallel linears"
+        )
+    for field in TP_SHARDED_FIELDS:
+        size = int(getattr(config, field, 0) or 0)
+        if size % degree:
+            raise ValueError(f"{name} {degree} must divide the model's {field}={size}")
+
+
 class CausalLM(nn.Module):
     family: str = ""
     #: False for models whose per-sequence state cannot be rebuilt from cached K/V (Mamba2)
@@ -56,11 +78,7 @@ class CausalLM(nn.Module):
             raise ValueError(f"{type(self).__name__} needs a {self.family!r} config, got {config.family!r}")
         self.config = config
         self.tp = TensorParallel.from_group(tp_group)
-        if VIRTUAL_SHARDS % self.tp.world_size:
-            raise ValueError(
-                f"tensor-parallel degree {self.tp.world_size} must divide the "
-                f"{VIRTUAL_SHARDS} virtual shards of the row-parallel linears"
-            )
+        check_tp_degree(config, self.tp.world_size)
         self._kernels = get_kernels(kernels)
         self.build_layers()
 

@@ -70,22 +70,20 @@ class Learner:
         self.config = config
         self.model = model if model is not None else build_policy(config, config.kernels, config.seed)
         self.version = 0
-        self.optimizer = self._new_optimizer()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.0)
+        # The warm start has an optimizer of its own, so RL starts from fresh Adam moments: with one
+        # shared optimizer the warm start's moments kept moving the weights along the supervised
+        # direction at the RL learning rate (an RL step with an all-zero gradient changed them), and
+        # that motion showed up as weight lag.
+        self._sft_optimizer: torch.optim.Optimizer | None = None
         # the shadow model evaluates the rollout version's weights for the mismatch decomposition
         self._shadow = None
 
-    def _new_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.model.parameters(), lr=self.config.lr, weight_decay=0.0)
-
-    def start_rl(self) -> None:
-        """Begin the RL phase with a fresh optimizer. The warm start's Adam moments would otherwise
-        keep moving the weights along the supervised direction at the RL learning rate (an RL step
-        with an all-zero gradient still changed them), and that motion would show up as weight lag."""
-        self.optimizer = self._new_optimizer()
-
     # ---- supervised warm start ------------------------------------------------------------------
     def sft_step(self, data: list[tuple[list[int], list[int], list[bool]]], lr: float) -> float:
-        for group in self.optimizer.param_groups:
+        if self._sft_optimizer is None:
+            self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        for group in self._sft_optimizer.param_groups:
             group["lr"] = lr
         prompts, responses, masks = zip(*data)
         logprobs = compute_logprobs(
@@ -94,12 +92,10 @@ class Learner:
         )  # fmt: skip
         per_seq = [-(lp[torch.tensor(m)]).mean() for lp, m in zip(logprobs, masks)]
         loss = torch.stack(per_seq).mean()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._sft_optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self._clip()
-        self.optimizer.step()
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.config.lr
+        self._sft_optimizer.step()
         return float(loss.detach())
 
     # ---- one RL update --------------------------------------------------------------------------

@@ -152,7 +152,6 @@ def run_sft(config: RLConfig, learner: Learner, progress=None) -> list[float]:
         losses.append(learner.sft_step(data, config.sft_lr))
         if progress is not None:
             progress(f"sft {step + 1}/{config.sft_steps} loss {losses[-1]:.3f}")
-    learner.start_rl()
     return losses
 
 

@@ -233,10 +233,20 @@ def _reinforce_with_weights(
     return -_aggregate(per_token, batch.mask, aggregation)
 
 
+def _log_ratio(batch: PolicyBatch, learner: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """learner - reference at the supported response tokens, 0 elsewhere (no -inf/NaN leaks)."""
+    return _masked(learner, batch.active) - _masked(reference, batch.active)
+
+
+def _token_ratio(batch: PolicyBatch, learner: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """exp(learner - reference): exactly 0 (and no gradient) at unsupported tokens, so a clipped
+    objective min(0, clip(0) A) is a constant there; 1 at padding (never aggregated)."""
+    return _masked(torch.exp(_log_ratio(batch, learner, reference)), batch.active | ~batch.mask)
+
+
 def _ratio_to_rollout(batch: PolicyBatch) -> torch.Tensor:
-    """exp(l_learner - l_rollout), detached; exactly 0 at unsupported tokens, 1 at padding."""
-    log_ratio = _masked(batch.learner_logprobs.detach() - batch.rollout_logprobs.detach(), batch.active)
-    return _masked(torch.exp(log_ratio), batch.active | ~batch.mask)
+    """rho = exp(l_learner - l_rollout), detached (the REINFORCE weights)."""
+    return _token_ratio(batch, batch.learner_logprobs.detach(), batch.rollout_logprobs.detach())
 
 
 def reinforce_zero(batch: PolicyBatch, aggregation: str = "seq_mean_token_mean") -> LossOutput:
@@ -301,16 +311,6 @@ def _proximal_logprobs(batch: PolicyBatch) -> torch.Tensor:
     return old.detach()
 
 
-def _log_ratio_to_proximal(batch: PolicyBatch) -> torch.Tensor:
-    """l_learner - l_old with gradient at the supported response tokens, 0 elsewhere."""
-    return _masked(batch.learner_logprobs, batch.active) - _masked(_proximal_logprobs(batch), batch.active)
-
-
-def _ratio_to_proximal(batch: PolicyBatch) -> torch.Tensor:
-    """Token ratios exp(l_learner - l_old): exactly 0 (no gradient) at unsupported tokens, so their
-    clipped objective min(0, clip(0) A) is a constant; 1 at padding (never aggregated)."""
-    ratio = torch.exp(_log_ratio_to_proximal(batch))
-    return _masked(ratio, batch.active | ~batch.mask)
 
 
 def grpo(
@@ -324,7 +324,7 @@ def grpo(
     eps_low, eps_high = _check_clip(clip_eps, clip_eps_high)
     dtype = _float_dtype(batch)
     advantages = group_normalized_advantages(batch.rewards.to(dtype), batch.group_ids, std_eps)
-    ratio = _ratio_to_proximal(batch)
+    ratio = _token_ratio(batch, batch.learner_logprobs, _proximal_logprobs(batch))
     objective, clip_active = _clipped_objective(ratio, advantages[:, None], eps_low, eps_high)
     loss = -_aggregate(_masked(objective, batch.mask), batch.mask, aggregation)
     stats = _base_stats(batch, advantages)
@@ -347,7 +347,7 @@ def gspo(
     eps_low, eps_high = _check_clip(clip_eps, clip_eps_high)
     dtype = _float_dtype(batch)
     advantages = group_normalized_advantages(batch.rewards.to(dtype), batch.group_ids, std_eps)
-    log_ratio = _log_ratio_to_proximal(batch)
+    log_ratio = _log_ratio(batch, batch.learner_logprobs, _proximal_logprobs(batch))
     sequence_ratio = torch.exp(log_ratio.sum(-1) / batch.lengths.to(dtype))
     # one token of probability 0 makes the geometric mean 0: the whole response then has weight 0
     fully_supported = (batch.active == batch.mask).all(-1)
@@ -382,7 +382,7 @@ def ppo_clip(
     token_advantages = _masked(token_advantages, batch.mask)
     if not bool(torch.isfinite(token_advantages).all()):
         raise ValueError("advantages has non-finite values at masked-in tokens")
-    ratio = _ratio_to_proximal(batch)
+    ratio = _token_ratio(batch, batch.learner_logprobs, _proximal_logprobs(batch))
     objective, clip_active = _clipped_objective(ratio, token_advantages, eps_low, eps_high)
     loss = -_aggregate(_masked(objective, batch.mask), batch.mask, aggregation)
     stats = _base_stats(batch, token_advantages)
