@@ -10,10 +10,23 @@ never leave tmp_path.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = REPO / "results" / "published"
+
+
+def run_make_all(results: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``paper_figures/make_all.py --results RESULTS --quiet`` in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "paper_figures" / "make_all.py"), "--results", str(results), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def write_run(

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from audit_helpers import REPO, deepseek_records, write_run
+from audit_helpers import deepseek_records, run_make_all, write_run
 
 from zeromismatch.audit import AuditInputError, build_all
 from zeromismatch.audit.benchmarks import benchmark_lines
@@ -204,12 +202,7 @@ def test_make_all_on_a_malformed_benchmark_is_one_message_and_changes_nothing(re
     (results / "REPORT.md").write_text("previous report\n")
     docs = {"reproduced/benchmarks/rollout.json": {"median_tokens_per_s": [1, 2]}}
     _write_inputs(results, docs)
-    out = subprocess.run(
-        [sys.executable, str(REPO / "paper_figures" / "make_all.py"), "--results", str(results), "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_make_all(results)
     assert out.returncode == 2
     assert "rollout.json: median_tokens_per_s should be a JSON object" in out.stderr
     assert "Traceback" not in out.stderr

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from html.parser import HTMLParser
 
 import pytest
-from audit_helpers import REPO, deepseek_records, write_benchmark, write_run
+from audit_helpers import deepseek_records, run_make_all, write_benchmark, write_run
 
 from zeromismatch.audit import build_all, load_registry
 
@@ -123,13 +121,7 @@ def test_rebuild_is_deterministic_and_drops_stale_figures(results):
 
 
 def test_make_all_script_runs_headless_and_quiet(results):
-    out = subprocess.run(
-        [sys.executable, str(REPO / "paper_figures" / "make_all.py"), "--results", str(results), "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin", "MPLBACKEND": "TkAgg"},
-    )
+    out = run_make_all(results, env={"PATH": "/usr/bin:/bin", "MPLBACKEND": "TkAgg"})
     assert out.returncode == 0, out.stderr
     assert out.stdout == ""
     assert (results / "REPORT.md").exists() and (results / "report.html").exists()
@@ -138,12 +130,7 @@ def test_make_all_script_runs_headless_and_quiet(results):
 def test_make_all_bad_summary_is_one_error_naming_the_file(results):
     run = write_run(results, "osworld_step_time", "mini", "r", records=[{"step": 0}])
     (run / "summary.json").write_text("[1, 2")
-    out = subprocess.run(
-        [sys.executable, str(REPO / "paper_figures" / "make_all.py"), "--results", str(results), "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_make_all(results)
     assert out.returncode == 2
     assert "osworld_step_time/mini/r/summary.json" in out.stderr
     assert "Traceback" not in out.stderr
