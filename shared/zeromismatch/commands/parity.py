@@ -121,6 +121,10 @@ def run_parity(
     check_tp_degree(config, tp, "--tp")
     check_tp_degree(config, trainer_tp, "--trainer-tp")
     torch_dtype = DTYPES[dtype]
+    from ..models.memory import check_weights_fit
+
+    # the engine's copy stays alive while the trainer builds its own
+    check_weights_fit(config, torch_dtype, copies=2, what=f"--model {model}")
     params_kwargs = dict(
         temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, logprobs_mode=logprobs_mode
     )
