@@ -51,9 +51,20 @@ def stop_token_ids() -> tuple[int, ...]:
     return (tok.eos_id, *(tok.stoi[m] for m in CLOSING_MARKERS))
 
 
+UNASSIGNED_TOKEN_TEXT = "<unk>"
+
+
 def _action_text(token_ids: list[int]) -> str:
+    """The env's view of a model turn. A control token (``<pad>``, ``<bos>``, ``<sep>``) or an id the
+    tokenizer does not assign (the model's vocabulary is larger) that the policy sampled stays visible
+    to the grader, as its name or ``<unk>``: dropping it would credit ``<answer>1<pad>2</answer>`` as
+    ``12``. The ending EOS is the turn's stop signal, not text."""
     tok = default_tokenizer()
-    return tok.decode([t for t in token_ids if t != tok.eos_id and t < tok.vocab_size])
+    return "".join(
+        UNASSIGNED_TOKEN_TEXT if t >= tok.vocab_size else tok.decode([t], skip_control=False)
+        for t in token_ids
+        if t != tok.eos_id
+    )
 
 
 def request_seed(run_seed: int, batch_index: int, episode_index: int, turn: int) -> int:
