@@ -132,6 +132,27 @@ def test_full_scale_keeps_the_lag_of_non_headline_arms(tmp_path):
     assert json.loads((folder / "aligned.resolved.json").read_text())["config"]["lag"] == experiment.full.lag
 
 
+def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting():
+    import dataclasses
+
+    from zeromismatch.expt.runner import ARM_CHOICE_FIELDS, PUBLISHED_FIELDS, full_scale_configs
+    from zeromismatch.rl import RLConfig
+
+    fields = {f.name for f in dataclasses.fields(RLConfig)}
+    assert set(ARM_CHOICE_FIELDS) | set(PUBLISHED_FIELDS) <= fields
+    for name in EXPERIMENTS:
+        experiment = load(name)
+        minis = {arm.name: arm.config for arm in experiment.arms_for("mini")}
+        for arm, resolved in full_scale_configs(experiment).items():
+            config, dropped = resolved["config"], resolved["not_carried_from_mini"]
+            # every RLConfig field is either carried, set from the publication, or named as not carried
+            assert fields == (set(config) & fields) | set(dropped), (name, arm)
+            assert not set(config) & set(dropped)
+            assert "max_new_tokens" in dropped and "env_options" in dropped and "sft_steps" in dropped
+            assert config["kernels"] == minis[arm].kernels
+            assert config["model"] == experiment.full.model and config["steps"] == experiment.full.updates
+
+
 def test_full_scale_without_backend_refuses_to_submit_or_to_succeed(tmp_path, monkeypatch):
     import importlib
 

@@ -40,9 +40,23 @@ def run_arm(arm: Arm, final_dir: str, quiet: bool = True) -> dict:
     return summary
 
 
+# What a full-scale arm takes from its mini arm: the choices that define the arm (kernels, lag, loss,
+# logprob semantics, cache and weight-update modes, sampling). Everything else a mini config holds is
+# sized for a tiny model on a laptop (4 new tokens, 800 SFT steps, eval on 32 prompts, env_options of the
+# toy envs) and is NOT carried: the resolved config lists those fields under "not_carried_from_mini" for
+# the full-scale backend to set from the published recipe, instead of silently running Qwen3-4B with
+# max_new_tokens=4.
+ARM_CHOICE_FIELDS = (
+    "algo", "algo_options", "kernels", "rollout_kernels", "lag", "logprobs_mode", "update_mode",
+    "enable_prefix_caching", "prefix_cache_versioned", "lm_head_precision", "quant", "temperature", "top_k",
+    "top_p", "grad_clip", "audit_rollout_version", "seed",
+)  # fmt: skip
+PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor")  # set from FullScale below
+
+
 def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
-    """The resolved full-scale config of every arm: the mini arm's choices (kernels, lag,
-    algorithm, logprob semantics ...) on the published model, engine, trainer and scale."""
+    """The resolved full-scale config of every arm: the mini arm's choices (``ARM_CHOICE_FIELDS``) on the
+    published model, env, engine, trainer and scale; the mini-only settings are named, not carried."""
     full = experiment.full
     mini_arms = experiment.arms_for("mini")
     # Only the headline arms (the mini scale's largest lag stands in for the published lag) take the
@@ -50,14 +64,18 @@ def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
     headline_lag = max(arm.config.lag for arm in mini_arms)
     configs = {}
     for arm in mini_arms:
-        config = arm.config.to_dict()
+        mini = arm.config.to_dict()
+        config = {key: mini[key] for key in ARM_CHOICE_FIELDS}
         config.update(
-            model=full.model, env=full.env, steps=full.updates, dtype=full.precision or config["dtype"],
+            model=full.model, env=full.env, steps=full.updates, dtype=full.precision or mini["dtype"],
             executor="ray", rollout_engine=full.rollout_engine, trainer=full.trainer,
+            context_tokens=full.context_tokens,
         )  # fmt: skip
         if config["lag"] and config["lag"] == headline_lag and full.lag is not None:
             config["lag"] = full.lag
+        not_carried = sorted(set(mini) - set(ARM_CHOICE_FIELDS) - set(PUBLISHED_FIELDS))
         configs[arm.name] = {"arm": arm.name, "note": arm.note, "config": config,
+                             "not_carried_from_mini": not_carried,
                              "published": dataclasses.asdict(full)}  # fmt: skip
     return configs
 
