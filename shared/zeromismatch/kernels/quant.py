@@ -10,7 +10,12 @@ NVFP4 (the OCP/NVIDIA layout): e2m1 codes (values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and
     input-dim elements; one fp32 ``global_scale`` per tensor. Here ``global_scale`` is the
     *dequantization* multiplier: ``w ~= e2m1 * float(block_scale) * global_scale`` with
     ``global_scale = amax(|w|) / (448 * 6)`` so block scales use e4m3's full range.
-    Magnitudes are rounded to the nearest e2m1 value (a tie goes to the smaller one).
+    Magnitudes are rounded to the nearest e2m1 value; a tie goes to the *smaller* one
+    (``torch.bucketize`` on the midpoints), unlike hardware ``cvt.rn`` e2m1, which rounds
+    to nearest even: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 -> here 0, 0.5, 1, 1.5, 2, 3, 4,
+    round-to-nearest-even 0, 1, 1, 2, 2, 4, 4. Kept because changing it would change the
+    bits of committed quantized runs (docs/parity.md, precision notes).
+    Non-finite weights raise ValueError (one inf would poison a row's or the global scale).
 
 Dequantization is elementwise and deterministic, so engine and trainer running the same
 ``dequantize`` on the same ``QuantizedWeight`` get the same bits. Activation quantization
@@ -46,10 +51,18 @@ def _check_weight(weight: torch.Tensor) -> None:
         raise TypeError(f"weight must be floating point, got {weight.dtype}")
 
 
+def _check_finite(w: torch.Tensor) -> None:
+    # one inf or nan would poison its scale (fp8: the row; nvfp4: every block via the global scale)
+    if not bool(torch.isfinite(w).all()):
+        bad = int((~torch.isfinite(w)).sum())
+        raise ValueError(f"weight has {bad} non-finite (inf/nan) values; cannot quantize it")
+
+
 def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] | None = None) -> QuantizedWeight:
     """FP8 e4m3 weight with per-output-channel scales (block=None) or block scales."""
     _check_weight(weight)
     w = weight.detach().float()
+    _check_finite(w)
     n, k = w.shape
     if block is None:
         scales = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(_TINY)
@@ -80,6 +93,13 @@ def quantize_nvfp4(weight: torch.Tensor) -> QuantizedWeight:
     """NVFP4: e2m1 codes packed two per byte, e4m3 scale per 16 elements, fp32 global scale."""
     _check_weight(weight)
     w = weight.detach().float()
+    _check_finite(w)
+    return _quantize_nvfp4(w)
+
+
+def _quantize_nvfp4(w: torch.Tensor) -> QuantizedWeight:
+    """``quantize_nvfp4`` of a detached fp32 ``w`` without the finiteness check (activations:
+    a non-finite activation propagates as in any other op)."""
     n, k = w.shape
     if k % NVFP4_BLOCK != 0:
         raise ValueError(f"nvfp4 needs the input dim to be a multiple of {NVFP4_BLOCK}, got {k}")
@@ -129,27 +149,29 @@ def dequantize(qweight: QuantizedWeight, dtype: torch.dtype = torch.float32) -> 
     raise ValueError(f"unknown quantization format {qweight.format!r}; expected 'fp8' or 'nvfp4'")
 
 
-_DEQUANT_CACHE: dict[int, tuple[QuantizedWeight, tuple[int, ...], torch.dtype, torch.Tensor]] = {}
-_DEQUANT_CACHE_LIMIT = 8
-
-
 def cached_dequantize(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
-    """``dequantize`` memoised per QuantizedWeight object (and its tensors' versions); both
-    kernel sets use it so neither pays a dequantization per call that the other skips.
-    Inference tensors have no version counter, so they are dequantized on every call."""
+    """``dequantize`` memoised in gemm.py's weight cache (``cached_from_weights``): keyed on every
+    tensor of the QuantizedWeight (data, scales and global_scale when present) with their in-place
+    versions, held by weak references, least recently used first out of a byte budget; both kernel
+    sets use it so neither pays a dequantization per call that the other skips. Same bits as
+    ``dequantize``. Not cached (dequantized every call): inference tensors (no version counter)
+    and anything the cache refuses (see gemm.py's module docstring)."""
     if not isinstance(qweight, QuantizedWeight):
         raise TypeError(f"expected a QuantizedWeight, got {type(qweight).__name__}")
-    if qweight.data.is_inference() or qweight.scales.is_inference():
-        return dequantize(qweight, dtype)
-    versions = (qweight.data._version, qweight.scales._version)
-    hit = _DEQUANT_CACHE.get(id(qweight))
-    if hit is not None and hit[0] is qweight and hit[1] == versions and hit[2] == dtype:
-        return hit[3]
-    if len(_DEQUANT_CACHE) >= _DEQUANT_CACHE_LIMIT:
-        _DEQUANT_CACHE.pop(next(iter(_DEQUANT_CACHE)))
-    value = dequantize(qweight, dtype)
-    _DEQUANT_CACHE[id(qweight)] = (qweight, versions, dtype, value)
-    return value
+    # gemm.py lives in the aligned package, whose dense.py imports this module
+    from .aligned.gemm import cached_from_weights
+
+    tensors = (qweight.data, qweight.scales)
+    if qweight.global_scale is not None:
+        tensors += (qweight.global_scale,)
+    tag = ("dequantize", qweight.format, tuple(qweight.shape), qweight.block, dtype)
+
+    def build():
+        value = dequantize(qweight, dtype)
+        return value, value.numel() * value.element_size()
+
+    value = cached_from_weights(tensors, tag, build)
+    return dequantize(qweight, dtype) if value is None else value
 
 
 # ---- activation quantization (the default set's batch-wide scales) ------------------
@@ -167,7 +189,8 @@ def quantize_activations_fp8_per_tensor(x2d: torch.Tensor) -> tuple[torch.Tensor
 
 def fake_quantize_activations_nvfp4(x2d: torch.Tensor) -> torch.Tensor:
     """NVFP4 quantize-dequantize of activations with one global scale for the whole batch."""
-    return dequantize(quantize_nvfp4(x2d), x2d.dtype)
+    _check_weight(x2d)
+    return dequantize(_quantize_nvfp4(x2d.detach().float()), x2d.dtype)
 
 
 __all__ = [

@@ -9,15 +9,17 @@ Algorithm (the same for the trainer's packed K/V and the engine's paged cache):
 2. Query rows are the (query, q-head-in-group) pairs of one KV head (GQA folds the group into
    rows), in fp32. Every GEMM has at least ``MIN_ROWS`` (16) rows (a sequence's last query is
    repeated to fill them), a fixed reduction length (Dqk for scores, ``KEY_BLOCK`` for P@V)
-   and a fixed column count (``KEY_BLOCK`` for scores, Dv + 1 for P@V). Measured on this CPU
-   (torch 2.13 + MKL): batched fp32 matmul with >= 16 rows gives each row the same bits
+   and a fixed column count (``KEY_BLOCK`` for scores, max(Dv + 1, 16) for P@V: value head
+   dims below 15 get zero columns, because batched fp32 MKL took other kernels at some row
+   counts with fewer than 16 columns; tests/kernels/test_review_edges.py). Measured on this
+   CPU (torch 2.13 + MKL): batched fp32 matmul with >= 16 rows gives each row the same bits
    whatever the row count, batch count, neighbours or the operands' row stride (each head's
    keys and values are read as a strided slice of the token-major gather);
    tests/kernels/test_attention.py checks the consequence end to end.
 3. Per query at absolute position p and per block b <= p // KEY_BLOCK: scores (keys after p
    set to -inf), block max m_b, probs = exp(s - m_b) (exact zeros at masked keys), and
-   ``probs @ [V_b | 1]``: the block output o_b and, in the extra column, the block sum l_b,
-   both from one GEMM with the fixed reduction length ``KEY_BLOCK``.
+   ``probs @ [V_b | 1 | 0...]``: the block output o_b and, in the ones column, the block sum
+   l_b, both from one GEMM with the fixed reduction length ``KEY_BLOCK``.
    Blocks entirely after p are *skipped*: they are shifted by 0 instead of their -inf max (no
    -inf - -inf = nan) and weighted by an exact 0.
 4. Combine (flash-decoding style): M = max_b m_b (exact), w_b = exp(m_b - M), then
@@ -67,6 +69,10 @@ _BATCHED_ROWS = 16
 _ROW_TILE = 256
 #: most query rows of equal-length sequences batched into one group
 _GROUP_ROWS = 2048
+#: fewest output columns of the P @ V GEMM: batched fp32 MKL matmul took another kernel at some
+#: row counts when N < 16 (gemm.py's docstring; measured here for Dv + 1 = 9), so small value
+#: head dims get zero columns after their ones column. Dv >= 15 keeps its Dv + 1 columns.
+PV_MIN_COLS = 16
 #: matrices per batched GEMM call in the portable mode off the CPU (every call the same shape)
 _BATCH_TILE = 16
 _NEG_INF = float("-inf")
@@ -410,25 +416,31 @@ def _attend_group(q, k_rows, v_rows, hkv, plan: _GroupPlan, scale, out, reuse: b
     # values get a ones column per head: P @ [V | 1] yields each block's probability sum from the
     # same GEMM; values past kv_len are zeroed (stale cache slots may hold nan: 0 * nan = nan)
     n_pos = plan.kv_rows.numel()
-    vals = _scratch("values", (n_pos, hkv, dv + 1), torch.float32, q.device, reuse)
+    width = pv_columns(dv)
+    vals = _scratch("values", (n_pos, hkv, width), torch.float32, q.device, reuse)
     gathered = gather_rows_reusing_buffer(v_rows, plan.kv_rows, "gathered_values", reuse)
     vals[:, :, :dv].copy_(gathered.view(n_pos, hkv, dv))
     if plan.invalid_rows is not None:  # (measured faster than a masked copy or a where)
         vals.index_fill_(0, plan.invalid_rows, 0.0)
     vals[:, :, dv] = 1.0
-    vals = vals.view(nseq, plan.n_blocks, KEY_BLOCK, hkv, dv + 1)
+    if width > dv + 1:
+        vals[:, :, dv + 1 :] = 0.0
+    vals = vals.view(nseq, plan.n_blocks, KEY_BLOCK, hkv, width)
 
     if len(plan.tiles) == 1:
         tile = plan.tiles[0]
-        result = _attend_rows(q_rows, tile, keys[:, : tile.n_blocks], vals[:, : tile.n_blocks], scale, reuse)
+        result = _attend_rows(
+            q_rows, tile, keys[:, : tile.n_blocks], vals[:, : tile.n_blocks], dv, scale, reuse
+        )
     else:
-        result = q_rows.new_empty(hkv, nseq, rows, dv)  # vals carry dv + 1 columns; results dv
+        result = q_rows.new_empty(hkv, nseq, rows, dv)  # vals carry pv_columns(dv) columns; results dv
         for tile in plan.tiles:
             tile_out = _attend_rows(
                 q_rows[:, :, tile.start : tile.hi],
                 tile,
                 keys[:, : tile.n_blocks],
                 vals[:, : tile.n_blocks],
+                dv,
                 scale,
                 reuse,
             )
@@ -438,6 +450,11 @@ def _attend_group(q, k_rows, v_rows, hkv, plan: _GroupPlan, scale, out, reuse: b
         result = result.index_select(1, plan.pick)
     picked = result.permute(1, 0, 2, 3).reshape(-1, hkv * group, dv).to(out.dtype)
     out.index_copy_(0, plan.out_tokens, picked)
+
+
+def pv_columns(dv: int) -> int:
+    """Columns of the P @ V GEMM for value head dim ``dv``: values, the ones column, zero padding."""
+    return max(dv + 1, PV_MIN_COLS)
 
 
 def gather_rows_reusing_buffer(src: torch.Tensor, index: torch.Tensor, name: str, reuse: bool):
@@ -481,17 +498,18 @@ def _per_head_matmul(name: str, a, b, shape, reuse: bool) -> torch.Tensor:
     return result
 
 
-def _attend_rows(q_rows, tile: _TilePlan, keys, vals, scale: float, reuse: bool) -> torch.Tensor:
+def _attend_rows(q_rows, tile: _TilePlan, keys, vals, dv: int, scale: float, reuse: bool) -> torch.Tensor:
     """Split-KV attention of query rows over key blocks; every op is row-local (see module docstring).
 
     q_rows ``[Hkv, B, R, Dqk]`` fp32 (R >= MIN_ROWS), keys ``[B, NB, KEY_BLOCK, Hkv, Dqk]``,
-    vals ``[B, NB, KEY_BLOCK, Hkv, Dv + 1]`` (zero past kv_len; last column all ones), masks from
+    vals ``[B, NB, KEY_BLOCK, Hkv, pv_columns(Dv)]`` (zero past kv_len; column Dv all ones, zeros
+    after it), masks from
     ``tile``. Returns ``[Hkv, B, tile.real, Dv]``: the leading ``tile.real`` rows. The GEMMs always
     run on all R rows (that fixes the kernel); the row-local ops in between only on the real rows,
     and P @ V gets zero rows as padding (rows never interact in a GEMM, only the shape counts).
     """
     hkv, nseq, rows, _ = q_rows.shape
-    n_blocks, dv1, real = keys.shape[1], vals.shape[-1], tile.real
+    n_blocks, width, real = keys.shape[1], vals.shape[-1], tile.real
     # one GEMM per (head, sequence, block), each R x KEY_BLOCK with reduction Dqk
     scores = _per_head_matmul(
         "scores",
@@ -511,9 +529,9 @@ def _attend_rows(q_rows, tile: _TilePlan, keys, vals, scale: float, reuse: bool)
         padded[..., real:, :].zero_()
         padded[..., :real, :] = probs
         probs = padded
-    # [Hkv, B, NB, R, Dv + 1], reduction length KEY_BLOCK; the last column is the block's sum of probs
+    # [Hkv, B, NB, R, pv_columns(Dv)], reduction length KEY_BLOCK; column Dv is the block's sum of probs
     block_acc = _per_head_matmul(
-        "block_acc", probs, lambda h: vals[:, :, :, h], (hkv, nseq, n_blocks, rows, dv1), reuse
+        "block_acc", probs, lambda h: vals[:, :, :, h], (hkv, nseq, n_blocks, rows, width), reuse
     )[..., :real, :]
     row_max = block_max.amax(2, keepdim=True)  # exact: max does not round
     block_acc = block_acc * torch.where(tile.active, torch.exp(block_max - row_max), 0.0)[..., None]
@@ -521,4 +539,4 @@ def _attend_rows(q_rows, tile: _TilePlan, keys, vals, scale: float, reuse: bool)
     acc = block_acc[:, :, 0]
     for b in range(1, n_blocks):
         acc = acc + block_acc[:, :, b]
-    return acc[..., :-1] / acc[..., -1:]
+    return acc[..., :dv] / acc[..., dv : dv + 1]

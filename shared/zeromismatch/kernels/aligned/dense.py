@@ -48,6 +48,8 @@ def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         raise TypeError(f"x dtype {x.dtype} != weight dtype {weight.dtype}")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if weight.shape[1] == 0:
+        raise ValueError("linear needs a weight in-dim (reduction length K) of at least 1, got 0")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -194,7 +196,9 @@ def gated_rms_norm(
     if group_size <= 0 or x.shape[-1] % group_size != 0:
         raise ValueError(f"group_size {group_size} must be positive and divide {x.shape[-1]}")
     gate_f32 = gate.float()
-    if _needs_grad(gate, x):
+    # in place only where the product keeps gate_f32's dtype: an fp64 x would otherwise be
+    # multiplied into an fp32 buffer, and rounded where the autograd path is not
+    if _needs_grad(gate, x) or torch.result_type(gate_f32, x) != gate_f32.dtype:
         hidden = silu(gate_f32) * x
     else:  # a fresh fp32 copy (bf16 gate) is activated in place
         fresh = gate_f32 is not gate and gate_f32.is_contiguous()
@@ -290,8 +294,31 @@ def _check_sampling(logits: torch.Tensor, temperature, top_k, top_p) -> None:
             raise ValueError(f"{name} must be a tensor of shape [{t}], got {getattr(p, 'shape', type(p))}")
     if bool((temperature < 0).any()) or not bool(torch.isfinite(temperature).all()):
         raise ValueError("temperature must be finite and >= 0 (0 = greedy)")
-    if bool(((top_p <= 0) | (top_p > 1)).any()):
+    if top_k.is_floating_point() or top_k.is_complex() or top_k.dtype == torch.bool:
+        raise TypeError(f"top_k must be an integer tensor, got {top_k.dtype}")
+    if not bool(((top_p > 0) & (top_p <= 1)).all()):  # a positive test: nan fails it
         raise ValueError("top_p must be in (0, 1]")
+
+
+def _check_scaled_finite(lf: torch.Tensor, scaled: torch.Tensor, temp: torch.Tensor) -> None:
+    """Raise if ``lf / temp`` overflowed where ``lf`` was finite. Only rows with 0 < t < 1 can
+    overflow (dividing by t >= 1 never grows a magnitude; greedy rows are divided by 1), so
+    batches without such rows skip the check. Otherwise one row sum screens the rows (an inf
+    or nan anywhere makes it non-finite; measured ~5 % of the log_softmax, where an isfinite
+    pass cost 2-3x it), and only rows whose sum is not finite get the exact elementwise test
+    (a finite row can also overflow its sum, and models may mask logits with -inf)."""
+    risky = (temp > 0) & (temp < 1)
+    if not bool(risky.any()):
+        return
+    suspect = risky & ~torch.isfinite(scaled.sum(-1))
+    if not bool(suspect.any()):
+        return
+    rows = suspect.nonzero().squeeze(1)
+    if bool((~torch.isfinite(scaled[rows]) & torch.isfinite(lf[rows])).any()):
+        raise ValueError(
+            "temperature is so small that logits / temperature overflows fp32 to inf; "
+            "use temperature 0 for greedy decoding or a larger temperature"
+        )
 
 
 def processed_log_softmax(
@@ -304,7 +331,8 @@ def processed_log_softmax(
     (stable descending sort); then keep the smallest prefix of that order whose probability
     (softmax of the kept logits) reaches top_p (1 = off; the first token is always kept);
     masked entries are -inf and the rest renormalised by a log_softmax taken in *token*
-    order, so a row with no filtering is exactly ``log_softmax(logits / t)``.
+    order, so a row with no filtering is exactly ``log_softmax(logits / t)``. A temperature so
+    small that ``logits / t`` overflows fp32 where the logits were finite raises ValueError.
     """
     _check_sampling(logits, temperature, top_k, top_p)
     lf = logits.float()
@@ -312,6 +340,7 @@ def processed_log_softmax(
     temp = temperature.to(torch.float32)
     greedy = temp == 0
     scaled = lf / torch.where(greedy, torch.ones_like(temp), temp)[:, None]
+    _check_scaled_finite(lf, scaled, temp)
 
     k_eff = top_k.to(torch.int64)
     k_eff = torch.where((k_eff <= 0) | (k_eff > vocab), torch.full_like(k_eff, vocab), k_eff)

@@ -98,6 +98,8 @@ def _check_route(router_logits, top_k, scoring, correction_bias, n_group, topk_g
     num_experts = router_logits.shape[1]
     if scoring not in _SCORINGS:
         raise ValueError(f"scoring must be one of {_SCORINGS}, got {scoring!r}")
+    if isinstance(top_k, bool) or not hasattr(top_k, "__index__"):
+        raise TypeError(f"top_k must be an integer, got {type(top_k).__name__} {top_k!r}")
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be in 1..{num_experts}, got {top_k}")
     if correction_bias is not None and correction_bias.shape != (num_experts,):
