@@ -21,9 +21,11 @@ venv: $(STAMP)
 lint: venv
 	$(VENV)/bin/ruff check .
 
+# make turns any failing recipe into exit 2, so pytest's "collected no tests" (exit 5) is named here,
+# where its exit code is still visible
 test: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
 # one torch thread, as the committed runs were made: the trainer's backward (unlike the aligned
 # forward) is not thread-count invariant, so a run's weights hash depends on the thread count
@@ -34,9 +36,13 @@ reproduce: venv
 figures: venv
 	$(PY) paper_figures/make_all.py
 
+# the benchmarks print only unless given --out; `make bench` rewrites the files the report reads,
+# results/reproduced/benchmarks/{ops,rollout,async}.json (ops at one thread, as reproduce_mini.py runs it)
+BENCH_OUT := results/reproduced/benchmarks
 bench: venv
-	$(PY) benchmarks/ops.py
-	$(PY) benchmarks/rollout.py
+	$(PY) benchmarks/ops.py --threads 1 --out $(BENCH_OUT)/ops.json
+	$(PY) benchmarks/rollout.py --out $(BENCH_OUT)/rollout.json
+	$(PY) benchmarks/async.py --out $(BENCH_OUT)/async.json
 
 # optional: a real vLLM (the third-party CPU build) in its own venv, never in CI or `make test`
 VLLM_VENV ?= .venv-vllm

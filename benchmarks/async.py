@@ -14,7 +14,10 @@ re-scores every batch with the weights that generated it, one extra forward per 
 kernel mismatch from weight lag) and is reported beside it.
 Published (S3): 2.40x on 16 GPUs over 12,000 updates (68.55 h vs 164.77 h).
 
-    python benchmarks/async.py [--steps 24] [--repeats 3] [--lag 4] [--quiet]
+    python benchmarks/async.py [--steps 24] [--repeats 3] [--lag 4] [--quiet] [--out FILE.json]
+
+It prints the ratios and writes JSON only with ``--out`` (``make bench`` and
+``scripts/reproduce_mini.py`` pass ``results/reproduced/benchmarks/async.json``).
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def main(argv: list[str] | None = None) -> int:
     from zeromismatch.argtypes import int_at_least
@@ -38,9 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lag", type=int_at_least(1), default=4, help="the async arms' lag")
     parser.add_argument("--env", default="arithmetic")
     parser.add_argument("--model", default="tiny-qwen3")
-    parser.add_argument("--out", default=str(ROOT / "results/reproduced/benchmarks/async.json"))
+    parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.out:
+        from zeromismatch.io import check_file_path
+
+        try:  # before any measuring: a bad path must not cost the run
+            check_file_path(args.out, "--out")
+        except ValueError as err:
+            parser.error(str(err))
     from zeromismatch.envs import ENVS
     from zeromismatch.models.presets import PRESETS
 
@@ -102,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         "workload": base,
         "provenance": provenance(base),
     }
-    atomic_write_json(args.out, result)
+    if args.out:
+        atomic_write_json(args.out, result)
     print(f"async (lag {args.lag}) / sync learner steps per second: {result['async_over_sync']:.2f}x "
           f"(medians {async_:.3f} vs {sync:.3f}; two-core ceiling {result['ideal_over_sync']:.2f}x from "
           f"step times {rollout_s * 1e3:.0f} ms rollout + {learner_s * 1e3:.0f} ms learner; "

@@ -133,7 +133,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tiles must be comma-separated integers, got {args.tiles!r}")
     if any(t < 1 for t in tiles):
         parser.error(f"--tiles must be positive, got {args.tiles!r}")
-    device = torch.device(args.device)
+    if args.out:
+        from zeromismatch.io import check_file_path
+
+        try:  # before any measuring: a bad path must not cost the run
+            check_file_path(args.out, "--out")
+        except ValueError as err:
+            parser.error(str(err))
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        parser.error(f"bad --device {args.device!r}: {err}")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device} but torch sees no CUDA device")
 

@@ -9,7 +9,8 @@ aligned stacks run at 0.42x-0.913x). Cases from ``benchmarks/ops_sequence_cases.
 Case format and timing method: benchmarks/timing.py.
 
 Usage: ``python benchmarks/ops.py [--quiet] [--only linear,rms_norm] [--repeats 15]
-[--threads 2] [--clock wall|cpu] [--out results/reproduced/benchmarks/ops.json]``. On an
+[--threads 2] [--clock wall|cpu] [--out results/reproduced/benchmarks/ops.json]``; it prints the
+table and writes JSON only with ``--out``. On an
 oversubscribed host, 2-thread OpenMP timings collapse onto scheduler quanta (many rows read
 ~12 or ~16 ms on both sides); ``--threads 1`` is the steadier view there, and at one thread
 the clock defaults to this thread's CPU time (``--clock cpu``, see benchmarks/timing.py), so
@@ -223,10 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         help="torch device to time on (inputs are built on the CPU and moved; wall clock, synchronized)",
     )
     args = parser.parse_args(argv)
+    if args.out:
+        from zeromismatch.io import check_file_path
+
+        try:  # before any measuring: a bad path must not cost the run
+            check_file_path(args.out, "--out")
+        except ValueError as err:
+            parser.error(str(err))
     try:
         device = torch.device(args.device)
     except RuntimeError as err:
         parser.error(f"bad --device {args.device!r}: {err}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device} but torch sees no CUDA device")
     if device.type != "cpu" and args.clock == "cpu":
         parser.error(f"--clock cpu cannot time a {device.type} device")
     if args.threads > 0:
@@ -260,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(timings))
     print()
     print(summarize(timings))
+    if failures and not timings:
+        print(f"every case failed on {device}; nothing was measured", file=sys.stderr)
+        return 1
     if args.out:
         from zeromismatch._provenance import provenance
         from zeromismatch.io import atomic_write_json

@@ -226,7 +226,11 @@ if __name__ == "__main__":
     )
     parser.add_argument("--only", default="", help="regex on 'name shape' to select cases")
     args = parser.parse_args()
-    selected = [c for c in build_cases(quick=args.quick) if re.search(args.only, f"{c.name} {c.shape_desc}")]
+    try:
+        only = re.compile(args.only)
+    except re.error as err:
+        parser.error(f"--only {args.only!r} is not a regular expression: {err}")
+    selected = [c for c in build_cases(quick=args.quick) if only.search(f"{c.name} {c.shape_desc}")]
     timings = [measure_cpu_time(c) if args.cpu_time else measure(c) for c in selected]
     print(format_table(timings))
     print()

@@ -15,7 +15,8 @@ HF model ran in the same process), which moves the wall-clock numbers by tens of
 reference for aligned ÷ default is 0.913 (S1); this script makes no claim about GPUs.
 
 Usage: ``python benchmarks/rollout.py [--model tiny-qwen3] [--batch 32] [--new-tokens 128]
-[--repeats 5] [--threads 1] [--quiet] [--out results/reproduced/benchmarks/rollout.json]``
+[--repeats 5] [--threads 1] [--quiet] [--out results/reproduced/benchmarks/rollout.json]``; it prints
+the ratios and writes JSON only with ``--out`` (``make bench`` and ``scripts/reproduce_mini.py`` pass it)
 """
 
 from __future__ import annotations
@@ -162,8 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
-    parser.add_argument("--out", default="results/reproduced/benchmarks/rollout.json")
+    parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")
     args = parser.parse_args(argv)
+    if args.out:
+        from zeromismatch.io import check_file_path
+
+        try:  # before any measuring: a bad path must not cost the run
+            check_file_path(args.out, "--out")
+        except ValueError as err:
+            parser.error(str(err))
     from zeromismatch.models.presets import PRESETS
 
     if args.model not in PRESETS:
@@ -210,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         result["ratio_engine_aligned_over_hf"] = medians["engine-aligned"] / medians["hf-generate"]
         aligned_cpu, hf_cpu = cpu_medians["engine-aligned"], cpu_medians["hf-generate"]
         result["ratio_engine_aligned_over_hf_cpu"] = aligned_cpu / hf_cpu
-    atomic_write_json(Path(args.out), result)
+    if args.out:
+        atomic_write_json(Path(args.out), result)
     print({k: v for k, v in result.items() if k.startswith("ratio") or k == "median_tokens_per_s"})
     return 0
 

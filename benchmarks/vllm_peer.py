@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both systems")
     parser.add_argument("--checkpoint-dir", default=None, help="where to write the HF checkpoint (temp dir)")
-    parser.add_argument("--out", default="/tmp/vllm_peer.json")
+    parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines, vLLM logs errors only")
     args = parser.parse_args(argv)
     for name in ("batch", "prompt_len", "new_tokens", "repeats", "threads"):
@@ -165,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.temperature <= 0:
         parser.error(f"--temperature must be > 0 (sampling), got {args.temperature}")
+    if args.out:
+        from zeromismatch.io import check_file_path
+
+        try:  # before any measuring: a bad path must not cost the run
+            check_file_path(args.out, "--out")
+        except ValueError as err:
+            parser.error(str(err))
 
     vllm = import_vllm(args.quiet)
     # before vLLM starts: its CPU worker replaces torch.set_num_threads with a no-op
@@ -245,12 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         "mismatch": mismatch,
         "provenance": provenance(config=vars(args)),
     }
-    atomic_write_json(Path(args.out), result)
+    if args.out:
+        atomic_write_json(Path(args.out), result)
+    ratio = result["ratio_engine_aligned_over_vllm"]
+    print(f"median tok/s {medians}; engine-aligned / vLLM = {ratio:.3f}")
     if not args.quiet:
-        ratio = result["ratio_engine_aligned_over_vllm"]
-        print(f"median tok/s {medians}; engine-aligned / vLLM = {ratio:.3f}")
         for name, stats in mismatch.items():
             print(f"{name}: {stats}")
+    if args.out:
         print(f"wrote {args.out}")
     return 0
 

@@ -28,11 +28,17 @@ def discover() -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", default=None, help="experiment folder names to run")
+    parser.add_argument(
+        "--only", nargs="+", default=None, metavar="NAME", help="experiment folder names to run"
+    )
     parser.add_argument("--quiet", action="store_true", help="pass --quiet to each launcher")
     parser.add_argument("--no-benchmarks", action="store_true", help="skip benchmarks/*.py")
     parser.add_argument("--no-learnability", action="store_true", help="skip scripts/learnability.py")
     args = parser.parse_args(argv)
+    known = [p.name for p in discover()]
+    unknown = sorted(set(args.only or ()) - set(known))
+    if unknown:
+        parser.error(f"unknown --only name(s) {unknown}; known: {', '.join(known)}")
     experiments = [p for p in discover() if args.only is None or p.name in args.only]
     quiet = ["--quiet"] if args.quiet else []
     steps = [(exp.name, [str(exp / "launch.py"), "--scale", "mini", *quiet]) for exp in experiments]

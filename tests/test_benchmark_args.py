@@ -45,3 +45,94 @@ def test_bad_arguments_exit_two_before_any_work(name, args, message, capsys, mon
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in err
     assert err.count("error:") == 1
+
+
+HEAVY = ("dense_cases", "build_preset", "import_vllm", "probe_rows", "probe_tiles")
+
+
+def _guard(module, monkeypatch):
+    for heavy in HEAVY:  # the first real work each script does
+        if hasattr(module, heavy):
+            monkeypatch.setattr(module, heavy, lambda *a, **k: pytest.fail("started work"))
+    monkeypatch.setitem(sys.modules, "ray", None)
+
+
+@pytest.mark.parametrize("name", ["ops", "rollout", "async", "gemm_portability", "vllm_peer"])
+def test_bad_out_is_one_error_before_any_work(name, tmp_path, capsys, monkeypatch):
+    module = _load(name)
+    _guard(module, monkeypatch)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--out", str(afile / "x.json"), "--quiet"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--out" in err and "is not a directory" in err
+    assert err.count("error:") == 1
+
+
+@pytest.mark.parametrize(
+    "name, args, message",
+    [
+        ("gemm_portability", ["--device", "gpu"], "bad --device 'gpu'"),
+        pytest.param(
+            "ops", ["--device", "cuda"], "torch sees no CUDA device",
+            marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CUDA is present"),
+        ),
+    ],
+)  # fmt: skip
+def test_bad_device_is_one_error(name, args, message, capsys, monkeypatch):
+    module = _load(name)
+    _guard(module, monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([*args, "--quiet"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and err.count("error:") == 1
+
+
+def test_ops_exits_non_zero_when_every_case_failed(monkeypatch, capsys):
+    module = _load("ops")
+    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(module, "measure", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no kernel")))
+    assert module.main(["--device", "cuda", "--only", "rms_norm", "--repeats", "1", "--quiet"]) == 1
+    assert "every case failed" in capsys.readouterr().err
+
+
+def test_sequence_cases_bad_only_regex_is_one_error():
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "ops_sequence_cases.py"), "--only", "["],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--only '['" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("name", ["ops", "rollout", "async", "gemm_portability", "vllm_peer"])
+def test_benchmarks_write_nothing_unless_given_out(name, monkeypatch):
+    """Print-only by default (zm bench runs them): only an explicit --out writes a file."""
+    import argparse
+
+    module = _load(name)
+    parsed = []
+
+    class Parsed(Exception):
+        pass
+
+    real_parse = argparse.ArgumentParser.parse_args
+
+    def record(self, args=None, namespace=None):
+        parsed.append(real_parse(self, args, namespace))
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", record)
+    with pytest.raises(Parsed):
+        module.main([])
+    assert parsed[0].out == ""
+
+
+def test_make_bench_writes_each_benchmark_file_explicitly():
+    makefile = (BENCHMARKS.parent / "Makefile").read_text()
+    recipe = makefile.split("\nbench: venv\n", 1)[1].split("\n\n", 1)[0]
+    for name in ("ops", "rollout", "async"):
+        assert f"benchmarks/{name}.py" in recipe and f"--out $(BENCH_OUT)/{name}.json" in recipe
+    assert "BENCH_OUT := results/reproduced/benchmarks" in makefile

@@ -11,8 +11,11 @@ from zeromismatch.audit.benchmarks import benchmark_lines, lines_to_html
 from zeromismatch.audit.registry import AuditInputError
 
 
-def test_no_benchmark_files_no_section(tmp_path):
-    assert benchmark_lines(tmp_path) == []
+def test_no_benchmark_files_only_not_run_lines(tmp_path):
+    # each absent file is a "not run" line (tests/audit/test_not_run_gaps.py), never a table
+    lines = benchmark_lines(tmp_path)
+    assert not any(line.startswith(("|", "###")) for line in lines)
+    assert sum(line.startswith("- not run:") for line in lines) == 4
 
 
 def test_ops_geomean_and_worst_come_from_the_cases(tmp_path):

@@ -87,8 +87,12 @@ def test_a_run_without_sampled_pass_at_1_is_one_clear_error(tmp_path):
         case_rows(tmp_path)
 
 
-def test_no_runs_no_section(tmp_path):
-    assert learnability_lines(tmp_path) == []
+def test_no_runs_no_table_only_a_not_run_line(tmp_path):
+    lines = learnability_lines(tmp_path)
+    assert not any(line.startswith("|") for line in lines)
+    assert [line for line in lines if line.startswith("- not run:")] == [
+        "- not run: the whole learnability suite (run: `python scripts/learnability.py`)"
+    ]
 
 
 def test_bad_input_is_one_clear_error(tmp_path):

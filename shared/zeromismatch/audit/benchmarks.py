@@ -5,7 +5,8 @@ Published claims about speed are judged in the claims table; this section shows 
 measurement behind them (each op of ``ops.json``, all three systems of ``rollout.json``, the
 two-core ceiling of ``async.json``) plus measurements no claim covers (``vllm_peer.json``, a
 stock vLLM's logprobs against our trainer). Targets are the issue tracker's, stated beside the
-numbers; nothing here is typed by hand, and a file that is absent is simply not shown. A file
+numbers; nothing here is typed by hand. A file that is absent is listed as "not run" with the
+command that writes it, so a missing measurement never silently drops out. A file
 that is present but malformed (a key missing, a number that is not one) is an
 :class:`AuditInputError` naming the file and the key path (see :mod:`.inputs`).
 """
@@ -126,22 +127,35 @@ def _vllm(data: Node, source: str) -> list[str]:
 
 
 SECTIONS = (("ops.json", _ops), ("rollout.json", _rollout), ("async.json", _async), ("vllm_peer.json", _vllm))
+_OUT = "--out results/reproduced/benchmarks"
+# The command that writes each file (scripts/reproduce_mini.py runs the first three; vllm_peer needs its
+# own venv).
+COMMANDS = {
+    "ops.json": f"python benchmarks/ops.py --threads 1 {_OUT}/ops.json",
+    "rollout.json": f"python benchmarks/rollout.py {_OUT}/rollout.json",
+    "async.json": f"python benchmarks/async.py {_OUT}/async.json",
+    "vllm_peer.json": "make vllm-peer",
+}
+HEADING = "## Benchmarks (ratios measured side by side in one run on this machine)"
 
 
 def benchmark_lines(results_root: Path) -> list[str]:
-    """Markdown lines for every benchmark file present (empty when there are none)."""
+    """Markdown lines for every benchmark file present, then a "not run" line for each one absent."""
     bench_dir = Path(results_root) / "reproduced" / "benchmarks"
     lines: list[str] = []
+    absent: list[str] = []
     for name, render in SECTIONS:
         path = bench_dir / name
         if not path.is_file():
+            absent.append(name)
             continue
         data = Node.load(path, "benchmark file")
         data.obj()
         lines += ["", *render(data, f"reproduced/benchmarks/{name}")]
-    if lines:
-        lines = ["", "## Benchmarks (ratios measured side by side in one run on this machine)", *lines]
-    return lines
+    if absent:
+        lines.append("")
+        lines += [f"- not run: `reproduced/benchmarks/{name}` (run: `{COMMANDS[name]}`)" for name in absent]
+    return ["", HEADING, *lines]
 
 
 def _inline_html(text: str) -> str:

@@ -3,9 +3,11 @@
 Reads ``results/reproduced/learnability/<case>/seed<k>/{summary,config}.json`` (written by
 ``scripts/learnability.py``) and renders one table row per case: the mean over seeds, every seed's
 value, and in how many seeds RL raised sampled pass@1. "Learns" is computed, never typed: the mean
-sampled pass@1 rose and it rose in a majority of seeds. A case whose files are absent is not shown;
-a file that is malformed (not an object, a key missing, a number that is not one) is an
-:class:`AuditInputError` naming it. Directories starting with ``.`` (runs in progress) are skipped.
+sampled pass@1 rose and it rose in a majority of seeds. Every (case, seed) of the suite
+(``zeromismatch.expt.learnability``: ``cases()`` x ``SEEDS``) that has no finished run is listed as
+"not run" with the command that makes it, so a gap never disappears from the report; a file that is
+malformed (not an object, a key missing, a number that is not one) is an :class:`AuditInputError`
+naming it. Directories starting with ``.`` (runs in progress) are skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .inputs import Node
 from .registry import AuditInputError
 
 SUITE = ("reproduced", "learnability")
+SUITE_COMMAND = "python scripts/learnability.py"
 
 
 SAMPLED = ("eval_sampled_pass_at_1_before", "eval_sampled_pass_at_1_after")
@@ -41,6 +44,39 @@ def _run(summary_path: Path, config_path: Path) -> dict:
     run["config"].update({key: config[key].integer() for key in ("lag", "steps")})
     run["seed"] = config["seed"].integer()
     return run
+
+
+def expected_runs() -> dict[str, tuple[int, ...]]:
+    """The suite as defined in code: every case name with the seeds it runs on."""
+    from ..expt.learnability import SEEDS, cases  # imports the RL stack (torch); only the names are used
+
+    return {case.name: tuple(SEEDS) for case in cases()}
+
+
+def _finished_seeds(case_dir: Path) -> set[int]:
+    """Seeds with both files present, by directory name (``seed<k>``)."""
+    seeds = set()
+    for seed_dir in case_dir.glob("seed*"):
+        number = seed_dir.name[len("seed") :]
+        finished = (seed_dir / "summary.json").is_file() and (seed_dir / "config.json").is_file()
+        if number.isdigit() and finished:
+            seeds.add(int(number))
+    return seeds
+
+
+def missing_runs(
+    root: Path, expected: dict[str, tuple[int, ...]] | None = None
+) -> list[tuple[str, list[int]]]:
+    """``(case, seeds without a finished run)`` for every case of the suite that lacks one, in suite order."""
+    expected = expected_runs() if expected is None else expected
+    suite = Path(root).joinpath(*SUITE)
+    gaps = []
+    for case, seeds in expected.items():
+        done = _finished_seeds(suite / case) if (suite / case).is_dir() else set()
+        absent = [seed for seed in seeds if seed not in done]
+        if absent:
+            gaps.append((case, absent))
+    return gaps
 
 
 def _runs(case_dir: Path) -> list[dict]:
@@ -99,13 +135,34 @@ def _per_seed(pairs: list[tuple[float, float]]) -> str:
     return ", ".join(f"{before:.2f}→{after:.2f}" for before, after in pairs)
 
 
-def learnability_lines(root: Path) -> list[str]:
+def _not_run_lines(gaps: list[tuple[str, list[int]]], expected: dict[str, tuple[int, ...]]) -> list[str]:
+    lines = []
+    for case, seeds in gaps:
+        if list(seeds) == list(expected[case]):
+            what, command = f"{case} (every seed)", f"{SUITE_COMMAND} --cases {case}"
+        else:
+            what = f"{case} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+            command = f"{SUITE_COMMAND} --cases {case} --seeds {' '.join(map(str, seeds))}"
+        lines.append(f"- not run: {what} (run: `{command}`)")
+    return lines
+
+
+HEADING = "## Learnability (mini, every env, several seeds)"
+
+
+def learnability_lines(root: Path, expected: dict[str, tuple[int, ...]] | None = None) -> list[str]:
+    """The section's Markdown: one row per case with runs, then a "not run" line per gap in the suite.
+    ``expected`` (case -> seeds) defaults to the suite in :mod:`zeromismatch.expt.learnability`."""
+    expected = expected_runs() if expected is None else expected
     rows = case_rows(Path(root))
+    gaps = missing_runs(Path(root), expected)
     if not rows:
-        return []
+        if not expected:
+            return []
+        return ["", HEADING, "", f"- not run: the whole learnability suite (run: `{SUITE_COMMAND}`)"]
     lines = [
         "",
-        "## Learnability (mini, every env, several seeds)",
+        HEADING,
         "",
         "SFT warm start, then REINFORCE Zero; held-out pass@1 on the env's eval split before → after RL "
         "(`results/reproduced/learnability/`, `scripts/learnability.py`). Sampled = the c/n estimate at the "
@@ -124,4 +181,6 @@ def learnability_lines(root: Path) -> list[str]:
             f"{r['k3_kl_max']:.1e} | "
             f"{'yes' if r['learns'] else 'no'} |"
         )
+    if gaps:
+        lines += ["", *_not_run_lines(gaps, expected)]
     return lines

@@ -23,7 +23,7 @@ from .benchmarks import benchmark_lines
 from .figures import FIGURES_DIR
 from .learnability import learnability_lines
 from .portability import portability_lines
-from .registry import Registry, load_registry
+from .registry import AuditInputError, Registry, load_registry
 from .text import (
     TABLE_COLUMNS,
     fmt_number,
@@ -266,12 +266,17 @@ def experiment_figures_main(experiment: str, argv: list[str] | None = None) -> i
     """``experiments/<name>/figures.py``: rebuild the figures and report from ``results/`` only,
     then list this experiment's figures and verdicts."""
     import argparse
+    import sys
 
     parser = argparse.ArgumentParser(description=f"{experiment}: figures from results/ only")
     parser.add_argument("--results", default=None, help="results directory (default: the repository's)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    result = build_all(args.results, quiet=True)
+    try:
+        result = build_all(args.results, quiet=True)
+    except AuditInputError as err:  # one line and exit 2, as paper_figures/make_all.py does
+        print(f"{experiment}/figures.py: {err}", file=sys.stderr)
+        return 2
     if args.quiet:
         return 0
     mine = [v for v in result.verdicts if v.experiment == experiment]

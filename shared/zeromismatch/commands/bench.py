@@ -1,7 +1,9 @@
 """``zm bench ops|rollout|async``: run a ratio benchmark from the repository's benchmarks/.
 
 Each benchmark measures aligned and baseline side by side in one run and prints medians and
-their ratio; extra arguments are passed through (``zm bench rollout -- --repeats 3``).
+their ratio; extra arguments are passed through (``zm bench rollout -- --repeats 3``). Nothing is
+written unless ``--out`` is passed through (``zm bench ops -- --out /tmp/ops.json``); ``make bench``
+writes the committed ``results/reproduced/benchmarks/*.json``.
 """
 
 from __future__ import annotations

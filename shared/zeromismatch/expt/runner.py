@@ -6,6 +6,10 @@ into ``results/reproduced/<experiment>/<scale>/<arm>/`` only when it finished, s
 unless ``--force``; a re-run replaces it whole. ``--scale full`` (``--cluster slurm`` only) writes
 each arm's resolved config and sbatch script to ``<out-root>/full/<experiment>/`` (default
 ``runs/full/<experiment>/``) and submits them unless ``--dry-run``.
+
+``--cluster local|debug|slurm`` at smoke/mini scale hands each arm to submitit with ``--profile``
+(default ``local-cpu``); submitit's pickles and logs go to ``<out-root>/.submitit/<experiment>/``,
+a hidden directory the audit never reads (it skips every name starting with ``.``).
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ import time
 from pathlib import Path
 
 from ..io import atomic_write_json, check_directory_path
+from ..rl.config import DTYPES, QUANTS
 from .spec import SCALES, Arm, Experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 CLUSTERS = ("inline", "local", "debug", "slurm")
+MINI_PROFILE, FULL_PROFILE = "local-cpu", "h200-node"  # the cluster profiles used unless --profile
+SUBMITIT_DIR = ".submitit"  # hidden: the audit skips dot-directories under results/
 
 
 def run_arm(arm: Arm, final_dir: str, quiet: bool = True) -> dict:
@@ -54,6 +61,21 @@ ARM_CHOICE_FIELDS = (
 PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor")  # set from FullScale below
 
 
+def _precision_fields(experiment: Experiment, mini: dict) -> dict[str, str]:
+    """``dtype`` and ``quant`` from ``FullScale.precision``: a weight format ("fp8", "nvfp4") is a
+    quantization on top of the arm's dtype, a dtype name replaces the dtype, anything else is an error."""
+    precision = experiment.full.precision
+    if precision is None:
+        return {"dtype": mini["dtype"], "quant": mini["quant"]}
+    if precision in QUANTS:
+        return {"dtype": mini["dtype"], "quant": precision}
+    if precision in DTYPES:
+        return {"dtype": precision, "quant": mini["quant"]}
+    raise ValueError(
+        f"{experiment.name}: FullScale.precision {precision!r} is neither a dtype {DTYPES} "
+        f"nor a quantization {QUANTS}"
+    )
+
 def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
     """The resolved full-scale config of every arm: the mini arm's choices (``ARM_CHOICE_FIELDS``) on the
     published model, env, engine, trainer and scale; the mini-only settings are named, not carried."""
@@ -67,7 +89,7 @@ def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
         mini = arm.config.to_dict()
         config = {key: mini[key] for key in ARM_CHOICE_FIELDS}
         config.update(
-            model=full.model, env=full.env, steps=full.updates, dtype=full.precision or mini["dtype"],
+            model=full.model, env=full.env, steps=full.updates, **_precision_fields(experiment, mini),
             executor="ray", rollout_engine=full.rollout_engine, trainer=full.trainer,
             context_tokens=full.context_tokens,
         )  # fmt: skip
@@ -123,15 +145,21 @@ def run_experiment(
     force: bool = False,
     quiet: bool = False,
     out_root: str | os.PathLike | None = None,
+    profile: str | None = None,
 ) -> dict[str, dict]:
+    """``profile``: the cluster profile submitit jobs ask for (default ``local-cpu``, ``h200-node`` at
+    full scale); checked against the profiles directory before anything runs."""
     if scale not in SCALES:
         raise ValueError(f"--scale must be one of {SCALES}, got {scale!r}")
     if cluster not in CLUSTERS:
         raise ValueError(f"--cluster must be one of {CLUSTERS}, got {cluster!r}")
+    if profile is not None:
+        _check_profile(profile)
     if scale == "full":
         if cluster != "slurm":
             raise ValueError(f"--scale full runs on Slurm only: pass --cluster slurm (got {cluster!r})")
-        return _full(experiment, arms, dry_run, Path(out_root) if out_root else ROOT / "runs")
+        out = Path(out_root) if out_root else ROOT / "runs"
+        return _full(experiment, arms, dry_run, out, profile or FULL_PROFILE)
     out_root = Path(out_root) if out_root else ROOT / "results" / "reproduced"
     check_directory_path(out_root, "--out-root")
     chosen = experiment.arms_for(scale)
@@ -157,8 +185,8 @@ def run_experiment(
             from ..launch.submit import submit
 
             job = submit(
-                run_arm, arm, str(final), True, cluster=cluster, profile="local-cpu",
-                folder=ROOT / "runs" / "submitit" / experiment.name, job_name=f"{experiment.name}.{arm.name}",
+                run_arm, arm, str(final), True, cluster=cluster, profile=profile or MINI_PROFILE,
+                folder=out_root / SUBMITIT_DIR / experiment.name, job_name=f"{experiment.name}.{arm.name}",
             )  # fmt: skip
             summary = job.result()
         results[arm.name] = summary
@@ -169,7 +197,31 @@ def run_experiment(
     return results
 
 
-def _full(experiment: Experiment, arms: list[str] | None, dry_run: bool, out_root: Path) -> dict[str, dict]:
+def _check_profile(profile: str) -> None:
+    """One ValueError naming the known profiles when ``profile`` is not one of them."""
+    from ..launch.profiles import list_profiles, profiles_dir
+
+    known = list_profiles()
+    if profile not in known:
+        raise ValueError(f"unknown --profile {profile!r}; {profiles_dir()} has {known}")
+
+
+def _warn_unresolved(experiment: Experiment, dry: object) -> None:
+    """A dry run keeps ``${VAR}`` placeholders in the script; say which variables make it submittable."""
+    unresolved = getattr(dry, "config", {}).get("unresolved_placeholders") or {}
+    if unresolved:
+        needed = ", ".join(sorted(set(unresolved.values())))
+        fields = ", ".join(sorted(unresolved))
+        print(
+            f"{experiment.name}: note: the sbatch scripts keep placeholders for {fields}; "
+            f"set {needed} before submitting",
+            file=sys.stderr,
+        )
+
+
+def _full(
+    experiment: Experiment, arms: list[str] | None, dry_run: bool, out_root: Path, profile: str = FULL_PROFILE
+) -> dict[str, dict]:
     from ..launch.submit import submit
 
     configs = full_scale_configs(experiment)
@@ -189,13 +241,16 @@ def _full(experiment: Experiment, arms: list[str] | None, dry_run: bool, out_roo
     for name, resolved in configs.items():
         atomic_write_json(folder / f"{name}.resolved.json", resolved)
         result = submit(
-            run_full_arm, experiment.name, resolved, cluster="slurm", profile="h200-node",
+            run_full_arm, experiment.name, resolved, cluster="slurm", profile=profile,
             folder=folder, job_name=f"{experiment.name}.{name}", nodes=experiment.full.nodes,
             ray=True, dry_run=dry_run,
         )  # fmt: skip
         out[name] = {"dry_run": dry_run, "folder": str(folder), "result": str(result)}
         what = "wrote sbatch + config to" if dry_run else "submitted; logs in"
         print(f"{experiment.name}/full/{name}: {what} {folder}")
+        last = result
+    if dry_run and out:
+        _warn_unresolved(experiment, last)
     return out
 
 
@@ -209,12 +264,15 @@ def launch_main(experiment: Experiment, argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rerun arms that already have results")
     parser.add_argument("--out-root", default=None,
                         help="default: results/reproduced (runs/ for --scale full)")  # fmt: skip
+    parser.add_argument("--profile", default=None,
+                        help=f"cluster profile for submitit jobs (default: {MINI_PROFILE}; "
+                             f"{FULL_PROFILE} for --scale full)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     try:
         run_experiment(
             experiment, args.scale, args.arms.split(",") if args.arms else None, args.cluster,
-            args.dry_run, args.force, args.quiet, args.out_root,
+            args.dry_run, args.force, args.quiet, args.out_root, args.profile,
         )  # fmt: skip
     except (ValueError, OSError, RuntimeError) as err:
         print(f"{experiment.name}: {err}", file=sys.stderr)

@@ -13,6 +13,7 @@ allowed, and types are exact (``true`` is not an integer). The first problem fou
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -119,8 +120,9 @@ def _check_value(where: str, name: str, value: object) -> None:
         raise bad("must be >= 1")
     if name == "gpus_per_node" and value < 0:
         raise bad("must be >= 0")
-    if name == "mem_gb" and not value > 0:
-        raise bad("must be > 0")
+    # Python's json reads Infinity and NaN; Slurm would get --mem=inf (or the job would crash on it)
+    if name == "mem_gb" and not (math.isfinite(value) and value > 0):
+        raise bad("must be > 0 and finite")
     if name == "name" and not re.match(r"^[a-z0-9][a-z0-9-]*$", value):
         raise bad("must be lower-case letters, digits and '-'")
     if name in ("partition", "account", "gpu_type") and isinstance(value, str):

@@ -23,6 +23,7 @@ Ray driver.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import sys
@@ -73,9 +74,9 @@ def resolve_job(
     _positive_int("timeout_min", timeout_min)
     _positive_int("cpus_per_task", cpus_per_task)
     _positive_int("tasks_per_node", tasks_per_node)
-    bad_mem = isinstance(mem_gb, bool) or not isinstance(mem_gb, int | float) or mem_gb <= 0
-    if mem_gb is not None and bad_mem:
-        raise ValueError(f"mem_gb must be a number > 0, got {mem_gb!r}")
+    is_number = isinstance(mem_gb, int | float) and not isinstance(mem_gb, bool)
+    if mem_gb is not None and not (is_number and math.isfinite(mem_gb) and mem_gb > 0):
+        raise ValueError(f"mem_gb must be a number > 0 and finite, got {mem_gb!r}")
     overrides = {
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,

@@ -1,0 +1,71 @@
+"""A benchmark file, a learnability case or seed, or the whole suite that has no data is a "not run" line
+with the command that makes it: a gap never silently drops out of the report."""
+
+from __future__ import annotations
+
+import json
+
+from audit_helpers import write_benchmark
+
+from zeromismatch.audit.benchmarks import SECTIONS, benchmark_lines
+from zeromismatch.audit.learnability import expected_runs, learnability_lines, missing_runs
+
+
+def _learnability_run(root, case: str, seed: int) -> None:
+    run = root / "reproduced" / "learnability" / case / f"seed{seed}"
+    run.mkdir(parents=True)
+    summary = {
+        "eval_pass_at_1_before": 0.1, "eval_pass_at_1_after": 0.2,
+        "eval_sampled_pass_at_1_before": 0.1, "eval_sampled_pass_at_1_after": 0.2,
+        "reward_mean_first_fifth": 0.1, "reward_mean_last_fifth": 0.2, "k3_kl_max_over_steps": 0.0,
+    }  # fmt: skip
+    (run / "summary.json").write_text(json.dumps(summary))
+    config = {"env": "tools", "model": "tiny-qwen3", "lag": 0, "kernels": "aligned", "steps": 10}
+    config["seed"] = seed
+    (run / "config.json").write_text(json.dumps(config))
+
+
+def test_every_absent_benchmark_file_is_a_not_run_line(tmp_path):
+    text = "\n".join(benchmark_lines(tmp_path))
+    assert "## Benchmarks" in text
+    for name, _ in SECTIONS:
+        assert f"- not run: `reproduced/benchmarks/{name}` (run: `" in text
+    assert "--out results/reproduced/benchmarks/ops.json" in text
+
+
+def test_a_present_benchmark_file_is_shown_and_only_the_others_are_not_run(tmp_path):
+    write_benchmark(tmp_path, "async", {"async_over_sync": 1.8, "lag": 4})
+    lines = benchmark_lines(tmp_path)
+    text = "\n".join(lines)
+    assert "Measured 1.80× at lag 4" in text
+    not_run = [line for line in lines if line.startswith("- not run:")]
+    assert len(not_run) == len(SECTIONS) - 1 and not any("async.json" in line for line in not_run)
+
+
+def test_missing_cases_and_seeds_are_listed_with_their_command(tmp_path):
+    expected = {"alpha": (0, 1, 2), "beta": (0, 1)}
+    _learnability_run(tmp_path, "alpha", 0)
+    _learnability_run(tmp_path, "alpha", 2)
+    assert missing_runs(tmp_path, expected) == [("alpha", [1]), ("beta", [0, 1])]
+    text = "\n".join(learnability_lines(tmp_path, expected))
+    assert "| alpha | tools |" in text
+    assert "- not run: alpha seed 1 (run: `python scripts/learnability.py --cases alpha --seeds 1`)" in text
+    assert "- not run: beta (every seed) (run: `python scripts/learnability.py --cases beta`)" in text
+
+
+def test_a_run_still_being_written_is_not_counted(tmp_path):
+    _learnability_run(tmp_path, "alpha", 0)
+    (tmp_path / "reproduced" / "learnability" / "alpha" / "seed0" / "summary.json").unlink()
+    assert missing_runs(tmp_path, {"alpha": (0,)}) == [("alpha", [0])]
+
+
+def test_no_suite_at_all_is_one_not_run_line(tmp_path):
+    text = "\n".join(learnability_lines(tmp_path))
+    assert "## Learnability" in text
+    assert "- not run: the whole learnability suite (run: `python scripts/learnability.py`)" in text
+
+
+def test_the_expected_suite_is_the_one_the_suite_script_runs():
+    from zeromismatch.expt.learnability import SEEDS, cases
+
+    assert expected_runs() == {case.name: tuple(SEEDS) for case in cases()}
