@@ -247,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = dense_cases() + sequence_cases()
     if args.only:
         wanted = set(args.only.split(","))
+        unknown = sorted(wanted - {c.name for c in cases})
+        if unknown:
+            parser.error(f"--only: unknown op(s) {unknown}; known: {sorted({c.name for c in cases})}")
         cases = [c for c in cases if c.name in wanted]
-        if not cases:
-            parser.error(f"no cases match --only {args.only}")
     timings, failures = [], []
     for case in tqdm(cases, disable=args.quiet, desc="ops"):
         if device.type == "cpu":

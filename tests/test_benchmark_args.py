@@ -97,6 +97,13 @@ def test_ops_exits_non_zero_when_every_case_failed(monkeypatch, capsys):
     assert "every case failed" in capsys.readouterr().err
 
 
+def test_ops_only_with_an_unknown_op_is_one_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _load("ops").main(["--only", "rms_norm,bogus", "--repeats", "1", "--quiet"])
+    assert exit_info.value.code == 2
+    assert "unknown op(s) ['bogus']" in capsys.readouterr().err
+
+
 def test_sequence_cases_bad_only_regex_is_one_error():
     import subprocess
 
