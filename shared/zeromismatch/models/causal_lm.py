@@ -98,15 +98,23 @@ class CausalLM(nn.Module):
     def final_norm(self) -> nn.Module:
         raise NotImplementedError
 
+    @property
+    def ties_word_embeddings(self) -> bool:
+        """Whether the LM head reuses the input embedding (as the family's transformers class
+        does for ``tie_word_embeddings``; Nemotron-H overrides this: it never ties)."""
+        return self.config.tie_word_embeddings
+
     def _attach_lm_head(self) -> None:
-        if not self.config.tie_word_embeddings:
+        if not self.ties_word_embeddings:
             self.lm_head = LMHead(self.config.vocab_size, self.config.hidden_size)
 
     def _ignorable(self, name: str) -> bool:
-        """Checkpoint tensors we deliberately do not load (subclasses extend)."""
+        """Checkpoint tensors we deliberately do not load (subclasses extend). A tied model's
+        ``lm_head.weight`` is only ignorable once ``_validate_hf_tensors`` has checked that it
+        equals the embedding."""
         if name.endswith("rotary_emb.inv_freq"):
             return True
-        return self.config.tie_word_embeddings and name == "lm_head.weight"
+        return self.ties_word_embeddings and name == "lm_head.weight"
 
     # ---- kernels ----------------------------------------------------------------
     @property
@@ -122,7 +130,7 @@ class CausalLM(nn.Module):
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        return self.embedding.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return self.embedding.weight if self.ties_word_embeddings else self.lm_head.weight
 
     # ---- forward ----------------------------------------------------------------
     def forward(self, batch: ForwardBatch, cache: ModelCache | None = None) -> torch.Tensor:
@@ -309,6 +317,7 @@ class CausalLM(nn.Module):
         if unexpected:
             more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
             raise ValueError(f"{source}: unexpected tensor {unexpected[0]!r}{more} for a {self.family} model")
+        self._check_tied_head(state_dict, entries, source)
         for name, shape in expected.items():
             tensor = state_dict[name]
             if not isinstance(tensor, torch.Tensor):
@@ -323,6 +332,26 @@ class CausalLM(nn.Module):
                 )
             if not bool(torch.isfinite(tensor).all()):
                 raise ValueError(f"{source}: tensor {name!r} contains NaN or Inf values")
+
+    def _check_tied_head(self, state_dict, entries: list[_Entry], source: str) -> None:
+        """A tied model has no head of its own: a checkpoint ``lm_head.weight`` that is not the
+        embedding would be silently replaced by it, so it is an error rather than ignored."""
+        head = state_dict.get("lm_head.weight")
+        if not self.ties_word_embeddings or head is None:
+            return
+        embedding = self.embedding
+        name = next(e.name for e in entries if e.module is embedding and e.attr == "weight")
+        same = (
+            isinstance(head, torch.Tensor)
+            and head.shape == state_dict[name].shape
+            and head.dtype == state_dict[name].dtype
+            and torch.equal(head, state_dict[name])
+        )
+        if not same:
+            raise ValueError(
+                f"{source}: tie_word_embeddings is true but tensor 'lm_head.weight' differs from "
+                f"{name!r}; the model would use the embedding and drop this head"
+            )
 
     # ---- random init ----------------------------------------------------------------
     def init_random(self, seed: int = 0) -> None:

@@ -14,9 +14,15 @@ Field names are Hugging Face's (transformers 5.x ``Qwen3Config``, ``Qwen3MoeConf
 ``DeepseekV3Config``, ``NemotronHConfig``); both the v5 spelling (``rope_parameters``,
 ``layers_block_type``, ``num_local_experts``) and the spelling real checkpoints use
 (``rope_theta`` + ``rope_scaling``, ``hybrid_override_pattern``, ``num_experts``) are read.
-Structural fields without which the architecture is undefined are required; fields that
-transformers defaults (eps, rope theta, biases) take transformers' defaults. Keys we do not
-interpret are kept in ``extra`` and written back unchanged by ``to_hf_dict``.
+Structural fields without which the architecture is undefined are required. A field the
+family's transformers config class defaults takes that class's default (per family: e.g.
+Qwen3 ``head_dim`` 128, DeepSeek-V3 ``routed_scaling_factor`` 2.5 and ``first_k_dense_replace``
+3), except where that default cannot describe a small model -- ``num_key_value_heads``
+(transformers: 32 / 4 / 128 / 8) and DeepSeek-V3's ``n_group`` / ``topk_group`` (8 / 4) --
+which are required, the error naming transformers' default; an explicit ``null``
+``num_key_value_heads`` means ``num_attention_heads`` where transformers reads it so (Qwen3,
+DeepSeek-V3). Keys we
+do not interpret are kept in ``extra`` and written back unchanged by ``to_hf_dict``.
 """
 
 from __future__ import annotations
@@ -244,6 +250,12 @@ _NEMOTRON = (
     "attention_bias",
 )
 # keys that are derived or v5-only spellings; re-derived on write, so not kept in ``extra``
+# transformers' defaults for fields that are required here (see the module docstring)
+_HF_KV_HEADS_DEFAULT = {"qwen3": 32, "qwen3_moe": 4, "deepseek_v3": 128, "nemotron_h": 8}
+# families whose transformers config maps an explicit null num_key_value_heads to num_attention_heads
+# (Qwen3MoeConfig and NemotronHConfig type it ``int`` and reject null)
+_KV_HEADS_NULL_MEANS_HEADS = ("qwen3", "deepseek_v3")
+_HF_MAX_POSITIONS_DEFAULT = {"qwen3": 32768, "qwen3_moe": 32768, "deepseek_v3": 4096, "nemotron_h": 4096}
 _CONSUMED_ALIASES = {
     "architectures",
     "model_type",
@@ -273,12 +285,12 @@ def _parse(raw: dict[str, Any], source: str) -> ModelConfig:
     values["vocab_size"] = reader.positive_int("vocab_size")
     values["hidden_size"] = reader.positive_int("hidden_size")
     values["num_attention_heads"] = reader.positive_int("num_attention_heads")
-    values["num_key_value_heads"] = reader.positive_int(
-        "num_key_value_heads", default=values["num_attention_heads"]
-    )
+    values["num_key_value_heads"] = _read_kv_heads(reader, raw, family, values["num_attention_heads"])
     values["tie_word_embeddings"] = reader.boolean("tie_word_embeddings", default=False)
     values["attention_bias"] = reader.boolean("attention_bias", default=False)
-    values["max_position_embeddings"] = reader.positive_int("max_position_embeddings", default=4096)
+    values["max_position_embeddings"] = reader.positive_int(
+        "max_position_embeddings", default=_HF_MAX_POSITIONS_DEFAULT[family]
+    )
     values["initializer_range"] = reader.number("initializer_range", default=0.02)
     values["rope_theta"], values["rope_scaling"] = _read_rope(raw, source)
 
@@ -289,7 +301,12 @@ def _parse(raw: dict[str, Any], source: str) -> ModelConfig:
         values["intermediate_size"] = reader.positive_int("intermediate_size")
         values["rms_norm_eps"] = reader.number("rms_norm_eps", default=1e-6)
         values["hidden_act"] = reader.choice("hidden_act", ("silu",), default="silu")
-        default_head_dim = values["hidden_size"] // values["num_attention_heads"]
+        # Qwen3Config defaults head_dim to 128; Qwen3MoeConfig has no head_dim field and its
+        # attention falls back to hidden_size // num_attention_heads
+        if family == "qwen3":
+            default_head_dim = 128
+        else:
+            default_head_dim = values["hidden_size"] // values["num_attention_heads"]
         values["head_dim"] = reader.positive_int("head_dim", default=default_head_dim)
         if raw.get("use_sliding_window"):
             raise ValueError(f"{source}: use_sliding_window=true is not supported (full attention only)")
@@ -309,6 +326,19 @@ def _parse(raw: dict[str, Any], source: str) -> ModelConfig:
     config = ModelConfig(**values)
     _check_consistency(config, source)
     return config
+
+
+def _read_kv_heads(reader: _Reader, raw: dict[str, Any], family: str, num_heads: int) -> int:
+    if "num_key_value_heads" not in raw:
+        raise ValueError(
+            f"{reader.source}: missing field 'num_key_value_heads' (transformers' {family} config "
+            f"defaults it to {_HF_KV_HEADS_DEFAULT[family]}; state it explicitly)"
+        )
+    if raw["num_key_value_heads"] is None:
+        if family in _KV_HEADS_NULL_MEANS_HEADS:
+            return num_heads
+        raise ValueError(f"{reader.source}: field 'num_key_value_heads' must be a positive integer, got None")
+    return reader.positive_int("num_key_value_heads")
 
 
 def _detect_family(raw: dict[str, Any], source: str) -> str:
@@ -351,11 +381,16 @@ def _parse_deepseek(reader: _Reader, raw: dict[str, Any], values: dict[str, Any]
     values["num_experts_per_tok"] = reader.positive_int("num_experts_per_tok")
     values["moe_intermediate_size"] = reader.positive_int("moe_intermediate_size")
     values["n_shared_experts"] = reader.nonneg_int("n_shared_experts", default=1)
-    values["routed_scaling_factor"] = reader.number("routed_scaling_factor", default=1.0)
-    values["n_group"] = reader.positive_int("n_group", default=1)
-    values["topk_group"] = reader.positive_int("topk_group", default=1)
+    values["routed_scaling_factor"] = reader.number("routed_scaling_factor", default=2.5)
+    for name, hf_default in (("n_group", 8), ("topk_group", 4)):
+        if raw.get(name) is None:
+            raise ValueError(
+                f"{reader.source}: missing field {name!r} (transformers' DeepseekV3Config defaults it "
+                f"to {hf_default}, which needs many more experts than a small model has; state it explicitly)"
+            )
+        values[name] = reader.positive_int(name)
     values["norm_topk_prob"] = reader.boolean("norm_topk_prob", default=True)
-    values["first_k_dense_replace"] = reader.nonneg_int("first_k_dense_replace", default=0)
+    values["first_k_dense_replace"] = reader.nonneg_int("first_k_dense_replace", default=3)
     if "q_lora_rank" not in raw:
         raise ValueError(f"{reader.source}: missing field 'q_lora_rank' (use null for a full-rank q_proj)")
     values["q_lora_rank"] = None if raw["q_lora_rank"] is None else reader.positive_int("q_lora_rank")
@@ -443,11 +478,12 @@ def _check_consistency(config: ModelConfig, source: str) -> None:
         )
     if config.num_experts and config.num_experts_per_tok > config.num_experts:
         raise bad(f"num_experts_per_tok={config.num_experts_per_tok} exceeds {config.num_experts} experts")
+    grouped_routing = config.family == "deepseek_v3" or (
+        config.family == "nemotron_h" and "E" in config.layer_pattern
+    )
+    if grouped_routing:
+        _check_expert_groups(config, bad)
     if config.family == "deepseek_v3":
-        if config.num_experts % config.n_group or config.topk_group > config.n_group:
-            raise bad(
-                f"n_group={config.n_group}/topk_group={config.topk_group} do not fit {config.num_experts}"
-            )
         if config.qk_rope_head_dim % 2:
             raise bad(f"qk_rope_head_dim={config.qk_rope_head_dim} must be even")
     if config.family == "nemotron_h" and "M" in config.layer_pattern:
@@ -457,6 +493,30 @@ def _check_consistency(config: ModelConfig, source: str) -> None:
             )
     if config.family in ("qwen3", "qwen3_moe") and config.head_dim % 2:
         raise bad(f"head_dim={config.head_dim} must be even for rotary embeddings")
+
+
+def _check_expert_groups(config: ModelConfig, bad) -> None:
+    """Group-limited routing (DeepSeek-V3, Nemotron-H): experts split into ``n_group`` equal groups,
+    each scored by the sum of its two best experts, the best ``topk_group`` groups kept, then
+    ``num_experts_per_tok`` experts chosen among them -- each step needs its own condition."""
+    experts, groups, kept, top_k = (
+        config.num_experts, config.n_group, config.topk_group, config.num_experts_per_tok
+    )
+    if experts % groups:
+        raise bad(f"n_group={groups} does not divide the {experts} routed experts")
+    per_group = experts // groups
+    if per_group < 2:
+        raise bad(
+            f"n_group={groups} leaves {per_group} expert per group; group scores sum each group's "
+            "two best experts, so every group needs at least 2"
+        )
+    if kept > groups:
+        raise bad(f"topk_group={kept} exceeds n_group={groups}")
+    if top_k > kept * per_group:
+        raise bad(
+            f"num_experts_per_tok={top_k} exceeds the {kept * per_group} experts of the "
+            f"topk_group={kept} kept groups ({per_group} experts each)"
+        )
 
 
 class _Reader:

@@ -14,6 +14,9 @@ SSM state ``[H, P, N]``; a sequence whose ``has_initial_state`` is False (the de
 ``kv_lens == q_lens``) starts from zeros. Because that state summarises the whole prefix it
 cannot be re-derived from cached K/V, so ``supports_prefix_caching`` is False.
 
+As in transformers, the LM head is never tied to the embeddings (``tie_word_embeddings`` is
+kept in the config but ignored): the model has and saves its own ``lm_head.weight``.
+
 The only arithmetic outside the kernels is ``A = -exp(A_log)``, a function of a parameter
 alone (identical bits on every side).
 
@@ -150,6 +153,12 @@ class _Backbone(nn.Module):
 class NemotronHForCausalLM(CausalLM):
     family = "nemotron_h"
     supports_prefix_caching = False
+
+    @property
+    def ties_word_embeddings(self) -> bool:
+        # transformers' NemotronHForCausalLM never ties (its _tied_weights_keys is empty): it keeps
+        # and saves its own lm_head.weight whatever tie_word_embeddings says, and so do we
+        return False
 
     def build_layers(self) -> None:
         self.backbone = _Backbone(self.config, self.tp)

@@ -129,6 +129,7 @@ class SharedRoutedMoe(nn.Module):
             self.shared_experts = Relu2MLP(
                 config.hidden_size, config.moe_shared_expert_intermediate_size, config.mlp_bias, tp
             )
+            self.shared_width = config.moe_shared_expert_intermediate_size
             if latent is not None:
                 self.fc1_latent_proj = Linear(config.hidden_size, latent, config.mlp_bias, "replicated", tp)
                 self.fc2_latent_proj = Linear(latent, config.hidden_size, config.mlp_bias, "replicated", tp)
@@ -139,7 +140,11 @@ class SharedRoutedMoe(nn.Module):
                 config.num_experts, config.hidden_size, config.moe_intermediate_size, gated=True
             )
             shared = config.moe_intermediate_size * config.n_shared_experts
+            # n_shared_experts=0 keeps the zero-width MLP (its [0, H] / [H, 0] tensors are in
+            # transformers' checkpoints) but forward skips it: it contributes exactly zero, and
+            # kernels need a reduction length >= 1
             self.shared_experts = GatedMLP(config.hidden_size, shared, tp)
+            self.shared_width = shared
             self.fc1_latent_proj = self.fc2_latent_proj = None
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -148,6 +153,8 @@ class SharedRoutedMoe(nn.Module):
         routed = self.experts(routed_in, weights, ids, ctx)
         if self.fc2_latent_proj is not None:
             routed = self.fc2_latent_proj(routed, ctx.kernels)
+        if self.shared_width == 0:
+            return routed
         return routed + self.shared_experts(x, ctx)
 
 

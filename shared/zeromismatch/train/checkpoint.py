@@ -6,6 +6,12 @@ to continue bit for bit: model weights, optimizer state, every RNG state
 into a hidden temp directory, fsynced, then renamed into place, and only then
 is ``<root>/LATEST`` (a one-line file) replaced atomically — so a crash at any
 moment leaves either the previous checkpoint or the new one, never half of one.
+
+Re-saving a step that already exists (e.g. the one LATEST names, after a resume) moves the
+old directory aside to ``.step_<N>.previous``, renames the new one in, publishes LATEST and
+only then deletes the old copy; if a crash leaves LATEST naming a step whose directory is
+gone, ``latest_checkpoint`` returns the set-aside copy. ``prune_checkpoints`` orders
+checkpoints by their integer step (not by name, which breaks past six digits).
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import random
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -28,6 +36,8 @@ from ..io import atomic_write_text
 LATEST = "LATEST"
 _STATE_FILE = "state.pt"
 _META_FILE = "meta.json"
+
+_STEP_DIR = re.compile(r"step_(\d+)")
 
 # Tests set this to simulate a kill between writing the files and publishing them.
 _CRASH_ENV = "ZM_CRASH_DURING_CHECKPOINT"
@@ -86,15 +96,24 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any], m
             os.fsync(f.fileno())
         if os.environ.get(_CRASH_ENV) == str(step):
             os._exit(17)  # simulated kill: files written, nothing published
+        aside = _aside(final)
         if final.exists():
-            shutil.rmtree(final)
+            # an aside left by an interrupted re-save is stale once ``final`` exists again
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(final, aside)
         os.replace(tmp, final)
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     atomic_write_text(root / LATEST, final.name + "\n")
+    shutil.rmtree(aside, ignore_errors=True)
     return final
+
+
+def _aside(final: Path) -> Path:
+    """Where a re-save keeps the previous copy of ``final`` until the new one is published."""
+    return final.parent / f".{final.name}.previous"
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
@@ -104,6 +123,8 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     if not pointer.exists():
         return None
     path = root / pointer.read_text().strip()
+    if not (path / _STATE_FILE).exists() and (_aside(path) / _STATE_FILE).exists():
+        return _aside(path)  # a re-save of this step was interrupted before its rename-in
     if not (path / _STATE_FILE).exists():
         raise CheckpointError(f"{pointer} points at {path}, which has no {_STATE_FILE}")
     return path
@@ -116,16 +137,25 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         state = torch.load(path / _STATE_FILE, map_location="cpu", weights_only=False)
     except FileNotFoundError as err:
         raise CheckpointError(f"checkpoint {path} is incomplete: {err.filename} is missing") from err
-    except (json.JSONDecodeError, RuntimeError, EOFError, OSError) as err:
+    except (json.JSONDecodeError, pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
         raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
-    return Checkpoint(step=int(meta["step"]), path=path, state=state, meta=meta)
+    step = meta.get("step") if isinstance(meta, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable: {_META_FILE} has no integer 'step' (got {step!r})"
+        )
+    return Checkpoint(step=step, path=path, state=state, meta=meta)
 
 
 def prune_checkpoints(root: str | os.PathLike, keep: int) -> None:
     """Delete all but the newest ``keep`` published checkpoints (never the one LATEST names)."""
     root = Path(root)
     latest = latest_checkpoint(root)
-    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
+    for aside in root.glob(".step_*.previous"):  # left by a crash after a re-save's rename-in
+        if (root / aside.name[1 : -len(".previous")] / _STATE_FILE).exists():
+            shutil.rmtree(aside, ignore_errors=True)
+    numbered = [(_STEP_DIR.fullmatch(p.name), p) for p in root.glob("step_*") if p.is_dir()]
+    steps = [p for _, p in sorted((int(m.group(1)), p) for m, p in numbered if m)]
     for old in steps[:-keep] if keep > 0 else []:
         if latest is None or old.resolve() != latest.resolve():
             shutil.rmtree(old, ignore_errors=True)

@@ -12,6 +12,13 @@ budget (``max_tokens_per_micro_batch``) or both, in a packing order of the calle
 choice. The model may be built with a tensor-parallel group of any degree; the caller
 runs this function on every rank.
 
+``kernels=`` names the kernel set of the whole recompute -- model forward, LM head and
+log-softmax -- so ``compute_logprobs(model, ..., kernels="default")`` is the default-kernel
+trainer whatever set ``model`` was built with: when it is not the model's own set, the model
+runs under it (``model.set_kernels``) for the duration of the call and gets its own set back
+afterwards, also on error. The kernel sets share no weight state (packed-weight caches are
+keyed by the weight tensors), so switching is free of side effects.
+
 With the aligned kernel set the result is bitwise the engine's logprob for every token
 sampled under the same weights; ``requires_grad=True`` keeps the autograd graph so the
 same numbers feed a policy-gradient loss.
@@ -19,6 +26,8 @@ same numbers feed a policy-gradient loss.
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -70,6 +79,39 @@ def _resolve_kernels(model, kernels):
     return get_kernels(kernels) if isinstance(kernels, str) else kernels
 
 
+@contextlib.contextmanager
+def _running_under(model, kernels):
+    """Run ``model`` with ``kernels`` inside the block, restoring its own set afterwards."""
+    own = getattr(model, "kernels", None)
+    if own is kernels:
+        yield
+        return
+    if own is None or not callable(getattr(model, "set_kernels", None)):
+        raise TypeError(
+            f"compute_logprobs(kernels=...) needs a model with .kernels and .set_kernels to run the "
+            f"forward under that set; {type(model).__name__} lacks them"
+        )
+    model.set_kernels(kernels)
+    try:
+        yield
+    finally:
+        model.set_kernels(own)
+
+
+def _check_order(order: Sequence[int] | None, count: int) -> None:
+    """``order`` must list every prompt index exactly once (an index out of range or missing
+    would otherwise be dropped silently)."""
+    if order is None:
+        return
+    listed = list(order)
+    try:
+        indices = sorted(operator.index(i) for i in listed if not isinstance(i, bool))
+    except TypeError:
+        indices = None
+    if indices is None or len(indices) != len(listed) or indices != list(range(count)):
+        raise ValueError(f"order must be a permutation of range({count}), one entry per prompt; got {listed}")
+
+
 def compute_logprobs(
     model,
     prompts: Sequence[Sequence[int]],
@@ -94,6 +136,7 @@ def compute_logprobs(
         raise ValueError(f"got {len(prompts)} prompts but {len(sampling_params)} SamplingParams")
     if logprobs_mode is not None and logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+    _check_order(order, len(prompts))
     kernels = _resolve_kernels(model, kernels)
     verify_for_model(kernels, model)
     prompts = [list(p) for p in prompts]
@@ -112,7 +155,7 @@ def compute_logprobs(
         position = {idx: k for k, idx in enumerate(todo)}
         sub_order = [position[i] for i in order if i in position]
     grad = torch.enable_grad() if requires_grad else torch.no_grad()
-    with grad:
+    with grad, _running_under(model, kernels):
         for micro in plan_micro_batches(lengths, micro_batch_size, max_tokens_per_micro_batch, sub_order):
             members = [todo[k] for k in micro]
             _micro_batch(model, kernels, prompts, responses, sampling_params, logprobs_mode, members, results)

@@ -6,6 +6,7 @@ All losses take one ``PolicyBatch`` (B responses padded to length L) and return 
 
 - ``reinforce_zero`` (S3): A_i = R_i - mean of R over i's group; rho_t = exp(l_learner - l_rollout),
   unclipped, stop-gradient; loss = -(1/B) sum_i (1/|y_i|) sum_t sg(rho_i,t) * A_i * l_learner_i,t.
+  A response with A_i = 0 contributes exactly 0 even where rho overflows fp32 (inf).
   No KL term, no value model, no rejection. Its gradient, sum rho * A * grad(l), is the ordinary
   token-level importance-sampled policy gradient for samples drawn by the rollout policy.
 - ``tis``: the same, with truncated importance weights sg(min(rho, C)) (biased when rho > C).
@@ -229,7 +230,14 @@ def _reinforce_with_weights(
     batch: PolicyBatch, weights: torch.Tensor, advantages: torch.Tensor, aggregation: str
 ) -> torch.Tensor:
     learner = _masked(batch.learner_logprobs, batch.active)
-    per_token = _masked(weights.detach() * advantages[:, None] * learner, batch.active)
+    token_advantages = advantages[:, None]
+    # A zero advantage (a flat group) zeroes the weight before the product, so an fp32 ratio that
+    # overflowed to inf (log-ratio > 88.7) gives a term of exactly 0 instead of inf * 0 = NaN in
+    # the loss and, through d/dl = w * A, in every gradient entry. This changes no finite result
+    # bit: weights are >= 0, and for finite w >= 0, w * (+-0) and 0 * (+-0) are the same signed
+    # zero, so w * A, the term (w * A) * l and its gradient w * A are bitwise what they were.
+    weights = torch.where(token_advantages == 0, torch.zeros((), dtype=weights.dtype), weights.detach())
+    per_token = _masked(weights * token_advantages * learner, batch.active)
     return -_aggregate(per_token, batch.mask, aggregation)
 
 

@@ -1,0 +1,62 @@
+"""REINFORCE Zero / TIS: a flat group (advantage exactly 0) contributes exactly 0 to the loss and
+its gradient even where the fp32 importance ratio overflows (log-ratio > 88.7 gives rho = inf), and
+the fix leaves every finite loss and gradient bit as it was."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from zeromismatch.train.losses import PolicyBatch, reinforce_zero, tis
+
+
+def _overflow_batch(rewards):
+    learner = torch.tensor([[-0.1, -0.2], [-0.3, -0.4]], requires_grad=True)
+    rollout = torch.tensor([[-0.1, -95.0], [-0.3, -0.4]])  # row 0, token 1: exp(94.8) = inf in fp32
+    batch = PolicyBatch(
+        learner, rollout, torch.ones(2, 2, dtype=torch.bool), torch.tensor(rewards), torch.tensor([0, 0])
+    )
+    return batch, learner
+
+
+@pytest.mark.parametrize(
+    "loss_fn",
+    [reinforce_zero, functools.partial(tis, cap=math.inf), tis],
+    ids=["reinforce_zero", "tis_inf", "tis"],
+)
+def test_flat_group_with_overflowing_ratio_contributes_exactly_zero(loss_fn):
+    """(TIS with a finite cap clamps the inf ratio and was never affected; with cap=inf it was.)"""
+    batch, learner = _overflow_batch([1.0, 1.0])
+    out = loss_fn(batch)
+    out.loss.backward()
+    assert out.loss.item() == 0.0
+    assert torch.equal(learner.grad, torch.zeros(2, 2))
+    assert torch.isinf(torch.exp(torch.tensor(-0.2) - torch.tensor(-95.0)))  # the ratio did overflow
+
+
+def test_finite_loss_and_gradient_bits_are_unchanged():
+    """Against the pre-fix expression ``w * A * l`` on random finite batches with flat and
+    non-flat groups, both signs of zero advantage included: bitwise equal losses and gradients."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        learner = (-torch.rand(6, 5, generator=gen) * 3).requires_grad_(True)
+        rollout = -torch.rand(6, 5, generator=gen) * 3
+        mask = torch.rand(6, 5, generator=gen) > 0.2
+        mask[:, 0] = True
+        rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5])  # groups 0 and 2 flat, group 1 not
+        batch = PolicyBatch(learner, rollout, mask, rewards, torch.tensor([0, 0, 1, 1, 2, 2]))
+        out = reinforce_zero(batch)
+        (grad,) = torch.autograd.grad(out.loss, learner)
+
+        reference_learner = learner.detach().clone().requires_grad_(True)
+        masked = torch.where(mask, reference_learner, torch.zeros(()))
+        ratio = torch.where(mask, torch.exp(learner.detach() - rollout), torch.zeros(()))
+        per_token = torch.where(mask, ratio * out.advantages[:, None] * masked, torch.zeros(()))
+        reference = -(per_token.sum(-1) / mask.sum(-1).float()).mean()
+        (reference_grad,) = torch.autograd.grad(reference, reference_learner)
+        assert torch.equal(out.loss, reference) and out.loss.item() != 0.0, trial
+        assert torch.equal(grad, reference_grad), trial
+        assert torch.equal(torch.signbit(grad), torch.signbit(reference_grad)), trial
