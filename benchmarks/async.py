@@ -31,7 +31,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zeromismatch.argtypes import int_at_least
+    from zeromismatch.argtypes import check_out_or_exit, int_at_least
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int_at_least(1), default=24)
@@ -42,13 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    if args.out:
-        from zeromismatch.io import check_file_path
-
-        try:  # before any measuring: a bad path must not cost the run
-            check_file_path(args.out, "--out")
-        except ValueError as err:
-            parser.error(str(err))
+    check_out_or_exit(parser, args.out)  # before any measuring
     from zeromismatch.envs import ENVS
     from zeromismatch.models.presets import PRESETS
 

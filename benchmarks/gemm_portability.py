@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from zeromismatch.argtypes import check_out_or_exit, device_or_exit
 from zeromismatch.kernels import get_kernels
 from zeromismatch.kernels.aligned import gemm
 
@@ -133,19 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tiles must be comma-separated integers, got {args.tiles!r}")
     if any(t < 1 for t in tiles):
         parser.error(f"--tiles must be positive, got {args.tiles!r}")
-    if args.out:
-        from zeromismatch.io import check_file_path
-
-        try:  # before any measuring: a bad path must not cost the run
-            check_file_path(args.out, "--out")
-        except ValueError as err:
-            parser.error(str(err))
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        parser.error(f"bad --device {args.device!r}: {err}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device} but torch sees no CUDA device")
+    check_out_or_exit(parser, args.out)  # before any measuring
+    device = device_or_exit(parser, args.device)
 
     def progress(items):
         return tqdm(items, disable=args.quiet, desc=args.mode)

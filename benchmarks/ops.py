@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import OpCase, format_table, measure, summarize  # noqa: E402
 
-from zeromismatch.argtypes import int_at_least  # noqa: E402
+from zeromismatch.argtypes import check_out_or_exit, device_or_exit, int_at_least  # noqa: E402
 from zeromismatch.kernels import get_kernels  # noqa: E402
 from zeromismatch.kernels.quant import quantize_fp8, quantize_nvfp4  # noqa: E402
 
@@ -224,19 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         help="torch device to time on (inputs are built on the CPU and moved; wall clock, synchronized)",
     )
     args = parser.parse_args(argv)
-    if args.out:
-        from zeromismatch.io import check_file_path
-
-        try:  # before any measuring: a bad path must not cost the run
-            check_file_path(args.out, "--out")
-        except ValueError as err:
-            parser.error(str(err))
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        parser.error(f"bad --device {args.device!r}: {err}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device} but torch sees no CUDA device")
+    check_out_or_exit(parser, args.out)  # before any measuring
+    device = device_or_exit(parser, args.device)
     if device.type != "cpu" and args.clock == "cpu":
         parser.error(f"--clock cpu cannot time a {device.type} device")
     if args.threads > 0:

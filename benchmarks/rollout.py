@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from zeromismatch._provenance import provenance
-from zeromismatch.argtypes import int_at_least
+from zeromismatch.argtypes import check_out_or_exit, int_at_least
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
 from zeromismatch.io import atomic_write_json
@@ -165,13 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
     parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")
     args = parser.parse_args(argv)
-    if args.out:
-        from zeromismatch.io import check_file_path
-
-        try:  # before any measuring: a bad path must not cost the run
-            check_file_path(args.out, "--out")
-        except ValueError as err:
-            parser.error(str(err))
+    check_out_or_exit(parser, args.out)  # before any measuring
     from zeromismatch.models.presets import PRESETS
 
     if args.model not in PRESETS:

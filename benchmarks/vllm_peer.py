@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout import _usage_since, make_prompts, run_rotating, time_engine  # noqa: E402
 
 from zeromismatch._provenance import provenance  # noqa: E402
+from zeromismatch.argtypes import check_out_or_exit  # noqa: E402
 from zeromismatch.engine.llm import build_preset  # noqa: E402
 from zeromismatch.io import atomic_write_json  # noqa: E402
 from zeromismatch.metrics.mismatch import logprob_diff_stats  # noqa: E402
@@ -165,13 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.temperature <= 0:
         parser.error(f"--temperature must be > 0 (sampling), got {args.temperature}")
-    if args.out:
-        from zeromismatch.io import check_file_path
-
-        try:  # before any measuring: a bad path must not cost the run
-            check_file_path(args.out, "--out")
-        except ValueError as err:
-            parser.error(str(err))
+    check_out_or_exit(parser, args.out)  # before any measuring
 
     vllm = import_vllm(args.quiet)
     # before vLLM starts: its CPU worker replaces torch.set_num_threads with a no-op

@@ -3,26 +3,14 @@ launcher, and the full-scale dry run writes real sbatch scripts and resolved con
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from experiment_helpers import EXPERIMENTS, ROOT, load
 
 from zeromismatch.expt.runner import run_experiment
-
-ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/configs.py"))
-
-
-def load(name: str):
-    path = ROOT / "experiments" / name / "configs.py"
-    spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.EXPERIMENT
 
 
 def test_all_six_published_experiments_exist():

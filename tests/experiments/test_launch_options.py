@@ -4,26 +4,15 @@ is resolved, and what a full-scale dry run says about placeholders. Nothing is t
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+from experiment_helpers import EXPERIMENTS, load
 
 import zeromismatch.launch  # noqa: F401  (loads the submodule the runner imports submit from)
 from zeromismatch.expt import runner
 from zeromismatch.rl.config import DTYPES, QUANTS
-
-ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/configs.py"))
-
-
-def load(name: str):
-    path = ROOT / "experiments" / name / "configs.py"
-    spec = importlib.util.spec_from_file_location(f"experiment_options_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.EXPERIMENT
 
 
 @pytest.fixture
