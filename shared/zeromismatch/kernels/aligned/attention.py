@@ -11,7 +11,7 @@ Algorithm (the same for the trainer's packed K/V and the engine's paged cache):
    repeated to fill them), a fixed reduction length (Dqk for scores, ``KEY_BLOCK`` for P@V)
    and a fixed column count (``KEY_BLOCK`` for scores, max(Dv + 1, 16) for P@V: value head
    dims below 15 get zero columns, because batched fp32 MKL took other kernels at some row
-   counts with fewer than 16 columns; tests/kernels/test_review_edges.py). Measured on this
+   counts with fewer than 16 columns; tests/kernels/test_kernel_edge_inputs.py). Measured on this
    CPU (torch 2.13 + MKL): batched fp32 matmul with >= 16 rows gives each row the same bits
    whatever the row count, batch count, neighbours or the operands' row stride (each head's
    keys and values are read as a strided slice of the token-major gather);
