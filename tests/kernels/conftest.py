@@ -15,14 +15,3 @@ def aligned():
 @pytest.fixture(scope="session")
 def default():
     return get_kernels("default")
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_fallback():
-    """Force aligned GEMMs onto the MKL fallback (as on a torch build without oneDNN)."""
-    from zeromismatch.kernels.aligned import gemm
-
-    saved = gemm._ONEDNN
-    gemm._ONEDNN = False
-    yield
-    gemm._ONEDNN = saved

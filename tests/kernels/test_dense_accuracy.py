@@ -220,8 +220,9 @@ def test_linear_is_differentiable():
     ALIGNED.linear(x, w).square().sum().backward()
     xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
     torch.nn.functional.linear(xr, wr).square().sum().backward()
-    torch.testing.assert_close(x.grad, xr.grad)
-    torch.testing.assert_close(w.grad, wr.grad)
+    # same math, different GEMM libraries and summation orders: fp32 rounding only (K = 16)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, wr.grad, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

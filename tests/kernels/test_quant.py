@@ -36,7 +36,7 @@ def test_fp8_per_channel_layout_and_error():
     q = quantize_fp8(w)
     assert q.format == "fp8" and q.data.dtype == torch.float8_e4m3fn and q.data.shape == (32, 48)
     assert q.scales.shape == (32, 1) and q.shape == (32, 48) and q.block is None
-    torch.testing.assert_close(q.scales[:, 0], w.abs().amax(1) / FP8_MAX)
+    assert torch.equal(q.scales[:, 0], w.abs().amax(1) / FP8_MAX)  # the same one division: exact
     err = (dequantize(q) - w).abs()
     assert (err <= w.abs() * 2**-4 + q.scales * 2**-9 + 1e-12).all()
 
@@ -73,7 +73,7 @@ def test_nvfp4_layout_low_nibble_first_and_exact_values():
 def test_nvfp4_error_bound_and_global_scale():
     w = _randn((16, 64), 2, 2.0)
     q = quantize_nvfp4(w)
-    torch.testing.assert_close(q.global_scale, w.abs().amax() / (448 * 6))
+    assert torch.equal(q.global_scale, w.abs().amax() / (448 * 6))  # the same one division: exact
     block_scale = (q.scales.float() * q.global_scale).repeat_interleave(16, dim=1)
     # rounding to e2m1 errs by <= half the largest step (1.0) times the block scale, and the
     # fp8 rounding of the block scale may clip the block max slightly (2^-4 relative)

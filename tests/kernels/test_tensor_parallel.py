@@ -118,6 +118,32 @@ def test_default_row_parallel_differs_between_degrees():
     assert any(not same(c) for c in cases)
 
 
+def test_default_column_parallel_differs_between_degrees():
+    # small shard widths take other stock GEMM kernels than the full width (e.g. M=1, K=64, N=8
+    # in 4 shards of 2 columns): the concatenated shards differ from the unsharded product
+    cases = [
+        (m, k, n, s)
+        for m in (1, 2, 16)
+        for k in (64, 256)
+        for n in (8, 16, 1024)
+        for s in range(3)
+    ]
+
+    def same(case):
+        m, k, n, s = case
+        x, w = _randn((m, k), torch.float32, s), _randn((n, k), torch.float32, s + 1)
+        full = DEFAULT.linear(x, w)
+        return all(
+            torch.equal(
+                torch.cat([DEFAULT.linear(x, collectives.shard_columns(w, d, r)) for r in range(d)], dim=-1),
+                full,
+            )
+            for d in (2, 4)
+        )
+
+    assert any(not same(c) for c in cases)
+
+
 def test_virtual_shard_errors_are_clear():
     x, w = torch.randn(2, 12), torch.randn(3, 12)
     with pytest.raises(ValueError, match="must divide virtual_shards"):

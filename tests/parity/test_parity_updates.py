@@ -65,8 +65,9 @@ def _modes_and_presets(fast_preset="tiny-qwen3"):
 def test_link6_tokens_recompute_with_their_versions_weights(preset, mode):
     outputs, weights = _scenario(preset, "aligned", mode)
     versions = {v for o in outputs for v in o.weight_versions}
+    # both versions sampled tokens in every mode, so neither version's check runs on an empty mask
+    assert versions == {0, 1}
     if mode == "keep":
-        assert versions == {0, 1}
         assert any(set(o.weight_versions) == {0, 1} for o in outputs)  # some request spans the update
     if mode == "wait":
         assert all(o.finish_reason == "length" for o in outputs)
@@ -75,13 +76,11 @@ def test_link6_tokens_recompute_with_their_versions_weights(preset, mode):
     assert per_version_equal(preset, "aligned", outputs, weights)
 
 
-@pytest.mark.parametrize(
-    "preset", [pytest.param(p, marks=() if p == "tiny-qwen3" else pytest.mark.slow) for p in PRESETS]
-)
-def test_link6_inverse_default_kernels(preset):
+@pytest.mark.parametrize("preset, mode", _modes_and_presets())
+def test_link6_inverse_default_kernels(preset, mode):
     found = None
     for seed in range(6):
-        outputs, weights = _scenario(preset, "default", "keep", seed=seed)
+        outputs, weights = _scenario(preset, "default", mode, seed=seed)
         if not per_version_equal(preset, "default", outputs, weights):
             found = seed
             break

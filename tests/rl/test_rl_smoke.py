@@ -61,6 +61,7 @@ def test_async_lag_schedule_and_kernel_term_stays_zero(tmp_path, lag):
     moved = [i for i, r in enumerate(records) if r["grad_norm_preclip"] > 0]
     lagged_after_move = [r for r in records if moved and r["step"] > moved[0] and r["policy_lag"] > 0]
     assert moved, "no update changed the weights; the test config no longer produces rewards"
+    assert lagged_after_move, "no lagged batch after the first weight change: the next check would be vacuous"
     assert all(r["gap_weight_lag_abs_max"] > 0.0 for r in lagged_after_move)
 
 
