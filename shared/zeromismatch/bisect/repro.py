@@ -162,6 +162,7 @@ def write_repro(result, out_dir: str | Path) -> dict:
         "injected": injected,
         "minimize": info,
         "bisect_command": command_line(cfg),
+        "bisect_settings_without_flag": unexpressible_settings(cfg),
     }
     atomic_write_text(out / "repro.json", json.dumps(spec, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "repro.py", REPRO_SCRIPT)
@@ -169,17 +170,40 @@ def write_repro(result, out_dir: str | Path) -> dict:
     return spec
 
 
+_CLI_REQUIRED = ("model", "rollout_kernels", "trainer_kernels", "seed")
+
+
+def _non_default_settings(cfg) -> dict:
+    import dataclasses
+
+    from .driver import BisectConfig
+
+    return {
+        field.name: getattr(cfg, field.name)
+        for field in dataclasses.fields(BisectConfig)
+        if field.name not in _CLI_REQUIRED and getattr(cfg, field.name) != field.default
+    }
+
+
+def unexpressible_settings(cfg) -> list[str]:
+    """Non-default settings no ``zm bisect`` flag can give (a ``prefill_chunk`` of None: the CLI
+    always chunks prefill); repro.json and the README name them next to the command."""
+    return [f"{name}=None" for name, value in _non_default_settings(cfg).items() if value is None]
+
+
 def command_line(cfg) -> str:
-    parts = [
-        f"zm bisect --model {cfg.model} --rollout-kernels {cfg.rollout_label} "
-        f"--trainer-kernels {cfg.trainer_label} --seed {cfg.seed}"
-    ]
-    if cfg.dtype != "fp32":
-        parts.append(f"--dtype {cfg.dtype}")
-    if cfg.quant != "none":
-        parts.append(f"--quant {cfg.quant}")
-    if cfg.perturb:
-        parts.append(f"--perturb {cfg.perturb}")
+    """The ``zm bisect`` command that reruns this bisection: the required flags, the seed, and
+    every other setting that differs from its ``BisectConfig`` default (each field's flag is its
+    name with dashes), except those of :func:`unexpressible_settings`."""
+    import shlex
+
+    parts = ["zm bisect", f"--model {shlex.quote(cfg.model)}"]
+    parts.append(f"--rollout-kernels {shlex.quote(cfg.rollout_label)}")
+    parts.append(f"--trainer-kernels {shlex.quote(cfg.trainer_label)}")
+    parts.append(f"--seed {cfg.seed}")
+    for name, value in _non_default_settings(cfg).items():
+        if value is not None:
+            parts.append(f"--{name.replace('_', '-')} {shlex.quote(str(value))}")
     return " ".join(parts)
 
 
@@ -192,6 +216,9 @@ def _readme(spec: dict) -> str:
         if spec["injected"]
         else ""
     )
+    if spec["bisect_settings_without_flag"]:
+        without_flag = ", ".join(spec["bisect_settings_without_flag"])
+        note += f"\nThe bisection also set {without_flag}, which no flag gives.\n"
     return f"""# Minimal repro: {ops["trainer"]} at layer {spec["layer"]} ({spec["site"]})
 
 Written by `{spec["bisect_command"]} --out <dir>`. The rollout engine's `{ops["rollout"]}` call

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import sys
 
+SEED_LIMIT = 2**63
+
 
 def register(sub) -> None:
     from ..bisect.driver import DTYPES, QUANTS
@@ -63,6 +65,9 @@ def run(args) -> int:
     from ..io import check_directory_path
 
     try:
+        # torch generators take the seed as a 64-bit integer; stay within the signed range
+        if not 0 <= args.seed < SEED_LIMIT:
+            raise ValueError(f"--seed must be in [0, {SEED_LIMIT}), got {args.seed}")
         if args.out is not None:  # checked now, not after the whole bisection
             check_directory_path(args.out, "--out")
     except ValueError as err:

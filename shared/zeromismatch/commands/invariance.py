@@ -4,7 +4,8 @@ Runs ``zeromismatch.kernels.selfcheck`` (row, layout, phase, neighbour and chunk
 ``torch.equal`` over every compared pair) for every combination of the comma-separated
 ``--kernels``, ``--device`` and ``--threads`` given, and prints one table per run, or JSON
 ``{"runs": [...], "provenance": ...}``. Exit status 0 whatever the checks find, unless
-``--expect-identical`` is given: then 1 when any check of any run is not identical.
+``--expect-identical`` is given: then 1 when any check of any run is not identical, or
+when no check ran. Exit status 2 for bad input (one message naming the flag).
 
     zm invariance --kernels aligned,default --device cuda,cpu --threads 1,16 --out node.json
 """
@@ -41,23 +42,47 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def _parse(args):
-    """(kernel sets, devices, thread counts) from the arguments; ValueError names what is wrong."""
+def _device(text: str):
+    """The torch device ``text`` names, once checked that a tensor can live there."""
     import torch
 
+    try:
+        device = torch.device(text)
+    except RuntimeError as err:
+        raise ValueError(f"bad --device {text!r}: {err}") from None
+    if device.type not in ("cpu", "cuda"):  # meta runs nothing; other backends are not supported
+        raise ValueError(f"bad --device {text!r}: choose cpu or cuda[:index]")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {text} but torch sees no CUDA device")
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"bad --device {text!r}: torch sees {count} CUDA device(s), indices 0..{count - 1}"
+            )
+    try:
+        torch.empty(1, device=device)
+    except Exception as err:  # whatever the backend raises, the user's fix is another --device
+        raise ValueError(f"bad --device {text!r}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+    return device
+
+
+def _parse(args):
+    """(kernel sets, devices, dtypes, thread counts) from the arguments; ValueError names what is wrong."""
     from ..io import check_file_path
     from ..kernels import get_kernels
+    from ..kernels.selfcheck import DTYPES, SEED_LIMIT
 
     kernels = [get_kernels(name) for name in _split(args.kernels)]
-    devices = []
-    for text in _split(args.device):
-        try:
-            device = torch.device(text)
-        except RuntimeError as err:
-            raise ValueError(f"bad --device {text!r}: {err}") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {text} but torch sees no CUDA device")
-        devices.append(device)
+    devices = [_device(text) for text in _split(args.device)]
+    dtypes = _split(args.dtype)
+    if not dtypes:
+        raise ValueError(f"--dtype needs at least one of {', '.join(DTYPES)}")
+    unknown = sorted(set(dtypes) - set(DTYPES))
+    if unknown:
+        raise ValueError(f"--dtype: unknown dtype(s) {unknown}; choose from {sorted(DTYPES)}")
+    if not 0 <= args.seed < SEED_LIMIT:
+        raise ValueError(f"--seed must be in [0, {SEED_LIMIT}), got {args.seed}")
     try:
         threads = [int(t) for t in _split(args.threads)]
     except ValueError:
@@ -66,7 +91,7 @@ def _parse(args):
         raise ValueError("--kernels, --device and --threads each need at least one value (threads >= 0)")
     if args.out:  # checked now: a bad --out would otherwise only fail once every check has run
         check_file_path(args.out, "--out")
-    return kernels, devices, threads
+    return kernels, devices, dtypes, threads
 
 
 def _print_run(run: dict) -> None:
@@ -93,12 +118,10 @@ def run(args) -> int:
     progress = None if args.quiet else (lambda label: print(f"  checking {label}", file=sys.stderr))
     runs = []
     try:
-        kernels, devices, threads = _parse(args)
+        kernels, devices, dtypes, threads = _parse(args)
         for kernel_set, device, count in itertools.product(kernels, devices, threads):
             torch.set_num_threads(count or saved_threads)
-            results = run_checks(
-                kernel_set, device, _split(args.dtype), args.seed, _split(args.only), progress
-            )
+            results = run_checks(kernel_set, device, dtypes, args.seed, _split(args.only), progress)
             runs.append(
                 {
                     "kernels": kernel_set.name,
@@ -123,6 +146,9 @@ def run(args) -> int:
     else:
         for one in runs:
             _print_run(one)
-    if args.expect_identical and not all(c["identical"] for one in runs for c in one["checks"]):
+    checks = [c for one in runs for c in one["checks"]]
+    if args.expect_identical and not (checks and all(c["identical"] for c in checks)):
+        if not checks:  # nothing measured is no evidence of identity
+            print("zm invariance: --expect-identical but no check ran", file=sys.stderr)
         return 1
     return 0

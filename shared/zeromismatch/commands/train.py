@@ -52,9 +52,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..io import check_directory_path
     from ..rl import RLConfig, train
 
     try:
+        check_directory_path(args.out, "--out")  # before any work, not when the run first writes
         config = RLConfig(
             env=args.env, model=args.model, algo=args.algo, kernels=args.kernels,
             rollout_kernels=args.rollout_kernels, lag=args.lag, steps=args.steps, seed=args.seed,

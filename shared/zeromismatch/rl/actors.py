@@ -7,6 +7,12 @@ of batch s+1 overlaps the learner's update on batch s — the source of the asyn
 speed-up. Each actor gets one CPU and one torch thread; set the in-process run to the
 same thread count (``torch.set_num_threads``) when comparing bits across executors.
 
+Records match the in-process executor's: the learner actor runs the mid-run evaluations
+(``eval_every``) right after the update they follow, and the summary carries the rollout
+actor's prefix-cache counters. The Ray executor neither checkpoints nor logs to wandb
+(``RLConfig.validate`` rejects ``checkpoint_every`` > 0 and ``wandb`` with it), and it needs
+two CPUs in the Ray cluster, one per actor; both actors are killed however the run ends.
+
 Ray is started by ``zeromismatch.launch.ray_cluster.init_ray`` (auth token off, no dashboard;
 it joins a Slurm-started cluster when ``$ZM_RAY_ADDRESS`` is set).
 """
@@ -36,6 +42,10 @@ class _RolloutActor:
         episodes = self.worker.generate(batch_index)
         return episodes, time.perf_counter() - t0
 
+    def cache_stats(self) -> tuple[int, int]:
+        manager = self.worker.engine.block_manager
+        return manager.hits, manager.stale_hits
+
 
 class _LearnerActor:
     def __init__(self, config_dict: dict, threads: int):
@@ -49,7 +59,7 @@ class _LearnerActor:
         losses = run_sft(self.config, self.learner)
         return losses, evaluate(self.config, self.learner), state_snapshot(self.learner.model)
 
-    def step(self, rollout_output, snapshot):
+    def step(self, rollout_output, snapshot, evaluate_after: bool = False):
         # Ray resolves ``rollout_output`` before this call starts, so the gap since the previous
         # step ended is exactly the time this learner sat idle waiting for its batch
         t0 = time.perf_counter()
@@ -59,13 +69,20 @@ class _LearnerActor:
         self.last_step_end = time.perf_counter()
         timings = {"time_rollout_s": rollout_time, "time_learner_s": self.last_step_end - t0,
                    "time_wait_rollout_s": idle}  # fmt: skip
-        return (stats, timings), state_snapshot(self.learner.model)
+        evaluation = {}
+        if evaluate_after:  # after the update, as the in-process loop does; not counted as idle time
+            evaluation = evaluate(self.config, self.learner)
+            self.last_step_end = time.perf_counter()
+        return (stats, timings, evaluation), state_snapshot(self.learner.model)
 
     def finish(self):
         return weights_hash(self.learner.model), evaluate(self.config, self.learner)
 
 
-def init_ray(num_cpus: int = 2) -> None:
+ACTOR_CPUS = 2  # one rollout actor and one learner actor, one CPU each
+
+
+def init_ray(num_cpus: int = ACTOR_CPUS) -> None:
     """Start local Ray for the executor unless this process already has it."""
     import ray
 
@@ -75,28 +92,51 @@ def init_ray(num_cpus: int = 2) -> None:
         start_ray(num_cpus=num_cpus, object_store_memory=256 * 1024**2)
 
 
+def _check_cluster_cpus() -> None:
+    """Fail now instead of waiting forever for an actor that can never be scheduled."""
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if cpus < ACTOR_CPUS:
+        raise ValueError(
+            f"the Ray executor needs {ACTOR_CPUS} CPUs (one per actor) but the Ray cluster has {cpus}"
+        )
+
+
 class RayRun(Run):
-    """``Run`` with the rollout and the learner in separate Ray actors (no checkpointing:
-    resume a Ray run with the in-process executor from its checkpoints, same bits)."""
+    """``Run`` with the rollout and the learner in separate Ray actors. It writes no
+    checkpoints and cannot be resumed: use executor='inprocess' for resumable runs."""
 
     def run(self, resume: bool = False, threads_per_actor: int = 1) -> dict:
         import ray
-        from tqdm import tqdm
 
         c = self.config
         if resume:
             raise ValueError(
                 "the Ray executor does not checkpoint; use executor='inprocess' for resumable runs"
             )
-        self.out.mkdir(parents=True, exist_ok=True)
         if (self.out / "config.json").exists():
             raise FileExistsError(f"{self.out} already holds a run; use a new --out")
+        init_ray()
+        _check_cluster_cpus()
+        self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.out / "config.json", c.to_dict())
         atomic_write_json(self.out / "provenance.json", _provenance.provenance(c.to_dict()))
         self._truncate_metrics(0)
-        init_ray()
         rollout = ray.remote(num_cpus=1)(_RolloutActor).remote(c.to_dict(), threads_per_actor)
         learner = ray.remote(num_cpus=1)(_LearnerActor).remote(c.to_dict(), threads_per_actor)
+        try:
+            return self._drive(rollout, learner)
+        finally:
+            # a failed run must not keep both CPUs: the next Ray run in this process would wait forever
+            for actor in (rollout, learner):
+                ray.kill(actor)
+
+    def _drive(self, rollout, learner) -> dict:
+        import ray
+        from tqdm import tqdm
+
+        c = self.config
         sft_losses, eval_before, weights0 = ray.get(learner.warm_start.remote())
         # The whole step graph is submitted as object references, so neither actor ever waits
         # on the driver: rollout b depends on the weights output of learner step v(b) − 1,
@@ -110,8 +150,9 @@ class RayRun(Run):
 
         def collect() -> None:
             step, version, rollout_ref, record_ref = in_flight.popleft()
-            (stats, timings), (episodes, _) = ray.get([record_ref, rollout_ref])
+            (stats, timings, evaluation), (episodes, _) = ray.get([record_ref, rollout_ref])
             record = step_record(step, version, step + 1, stats, episodes, timings)
+            record.update(evaluation)
             self._log(record)
             bar.update(1)
             bar.set_postfix(reward=f"{record.get('reward_mean', 0):.2f}")
@@ -121,7 +162,11 @@ class RayRun(Run):
             version = c.weight_version_for_batch(step)
             rollout_ref = rollout.generate.remote(step, version, weights[version])
             snapshot = weights[version] if version != step else None
-            record_ref, weights[step + 1] = learner.step.options(num_returns=2).remote(rollout_ref, snapshot)
+            # the same condition as the in-process loop (no mid-run eval after the last step)
+            evaluate_after = bool(c.eval_every) and (step + 1) % c.eval_every == 0 and step + 1 < c.steps
+            record_ref, weights[step + 1] = learner.step.options(num_returns=2).remote(
+                rollout_ref, snapshot, evaluate_after
+            )
             in_flight.append((step, version, rollout_ref, record_ref))
             oldest_needed = c.weight_version_for_batch(step + 1)
             for v in [v for v in weights if v < oldest_needed]:
@@ -132,13 +177,15 @@ class RayRun(Run):
             collect()
         bar.close()
         wall = time.perf_counter() - wall_start
-        digest, eval_after = ray.get(learner.finish.remote())
+        (digest, eval_after), (cache_hits, stale_hits) = ray.get(
+            [learner.finish.remote(), rollout.cache_stats.remote()]
+        )
         records = self._records()
         summary = summarize(records, digest, eval_before, eval_after, sft_losses)
+        summary["prefix_cache_hits"] = cache_hits
+        summary["stale_prefix_hits"] = stale_hits
         summary.update(
             executor="ray", time_wall_s=wall, learner_steps_per_s=len(records) / wall if wall > 0 else None
         )
         atomic_write_json(self.out / "summary.json", summary)
-        for actor in (rollout, learner):
-            ray.kill(actor)
         return summary
