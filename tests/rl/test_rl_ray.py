@@ -13,16 +13,6 @@ from zeromismatch.rl import train
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    from zeromismatch.rl.actors import init_ray
-
-    init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("lag", [0, 2])
 def test_ray_matches_inprocess(tmp_path, ray_session, lag):
     """lag 2 over 6 steps: rollouts of later batches overlap learner updates and the driver's

@@ -14,16 +14,6 @@ from zeromismatch.rl import train
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    from zeromismatch.rl.actors import init_ray
-
-    init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
-
-
 def test_ray_logs_mid_run_evals_and_cache_counters(tmp_path, ray_session):
     """eval_every=1 over 3 steps: steps 0 and 1 carry an evaluation (not the last step), in both
     executors, with equal values; the summaries carry the same prefix-cache counters."""

@@ -1,0 +1,16 @@
+"""Fixtures shared by the RL tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A real local Ray with the 2 CPUs the executor's two actors need, shut down after the module."""
+    ray = pytest.importorskip("ray")
+    from zeromismatch.rl.actors import init_ray
+
+    init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
