@@ -60,3 +60,38 @@ def test_finite_loss_and_gradient_bits_are_unchanged():
         assert torch.equal(out.loss, reference) and out.loss.item() != 0.0, trial
         assert torch.equal(grad, reference_grad), trial
         assert torch.equal(torch.signbit(grad), torch.signbit(reference_grad)), trial
+
+
+# ---- the clipped objectives (GRPO, GSPO, PPO-clip): the gradient flows through exp(log-ratio) ----
+from zeromismatch.train.losses import grpo, gspo, ppo_clip  # noqa: E402
+
+
+def _clipped_overflow_batch(rewards, advantages=None):
+    learner = torch.tensor([[-0.1, -0.2], [-0.3, -0.4]], requires_grad=True)
+    old = torch.tensor([[-0.1, -195.0], [-0.3, -0.4]])  # row 0: exp(194.8) = inf, its mean exp(97.4) too
+    batch = PolicyBatch(
+        learner, old, torch.ones(2, 2, dtype=torch.bool), torch.tensor(rewards), torch.tensor([0, 0]),
+        advantages=advantages,
+    )  # fmt: skip
+    return batch, learner
+
+
+@pytest.mark.parametrize(
+    "loss_fn, advantages",
+    [(grpo, None), (gspo, None), (ppo_clip, torch.zeros(2))],
+    ids=["grpo", "gspo", "ppo_clip"],
+)
+def test_clipped_losses_give_exact_zero_not_nan_for_a_flat_group_whose_ratio_overflows(loss_fn, advantages):
+    batch, learner = _clipped_overflow_batch([1.0, 1.0], advantages)
+    out = loss_fn(batch)
+    out.loss.backward()
+    assert out.loss.item() == 0.0
+    assert torch.equal(learner.grad, torch.zeros(2, 2))  # before: NaN through exp's backward (0 * inf)
+    assert out.stats["ratio_max"] == math.inf  # the stats still report the ratio as measured
+
+
+def test_a_non_flat_overflow_is_left_to_the_clip():
+    # with a nonzero advantage nothing is masked: the overflowing token takes the clipped branch
+    batch, _ = _clipped_overflow_batch([1.0, 0.0])
+    out = grpo(batch)
+    assert math.isfinite(out.loss.item()) and out.stats["clip_rate"] == 1 / 4

@@ -20,7 +20,9 @@ All losses take one ``PolicyBatch`` (B responses padded to length L) and return 
 
 Tokens outside ``PolicyBatch.support`` (probability 0 under the current policy's top-k/top-p) have
 ratio exactly 0: no contribution and no gradient, but they still count in |y_i| (GSPO: one of them makes
-the sequence ratio 0). Group statistics are float64; a flat group's advantage is exactly 0.
+the sequence ratio 0). Group statistics are float64; a flat group's advantage is exactly 0, and such a
+response contributes exactly 0 (no NaN in the loss or gradient) in every loss even where its ratio
+overflows fp32; the ratio statistics still report the overflow (inf).
 
 ``l_old`` is ``PolicyBatch.old_logprobs`` when given (the learner's logprobs at the start of the
 update, for multi-epoch PPO-style updates) and otherwise the rollout logprobs.
@@ -252,6 +254,30 @@ def _token_ratio(batch: PolicyBatch, learner: torch.Tensor, reference: torch.Ten
     return _masked(torch.exp(_log_ratio(batch, learner, reference)), batch.active | ~batch.mask)
 
 
+def _flat_overflow_safe(log_ratio: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """``log_ratio`` with 0 where the advantage is exactly 0 and exp(log_ratio) would overflow.
+
+    For the clipped objectives the gradient flows through exp(log_ratio): a zero advantage there
+    still gave inf * 0 = NaN in the objective, and masking after the exp cannot help, because the
+    exp's backward multiplies by its output (0 * inf = NaN again). Zeroing the log-ratio first makes
+    those terms exactly 0 with a zero gradient. Everywhere else the where() selects ``log_ratio``
+    itself, so every finite loss and gradient keeps its bits."""
+    overflow_at = math.log(torch.finfo(log_ratio.dtype).max)
+    flat_overflow = (advantages == 0) & (log_ratio.detach() > overflow_at)
+    if not bool(flat_overflow.any()):
+        return log_ratio
+    return torch.where(flat_overflow, torch.zeros((), dtype=log_ratio.dtype), log_ratio)
+
+
+def _clipped_token_ratio(batch: PolicyBatch, token_advantages: torch.Tensor) -> torch.Tensor:
+    """:func:`_token_ratio` of the learner to the proximal policy, overflow-safe at zero advantages."""
+    log_ratio = _flat_overflow_safe(
+        _log_ratio(batch, batch.learner_logprobs, _proximal_logprobs(batch)),
+        token_advantages.expand_as(batch.mask),
+    )
+    return _masked(torch.exp(log_ratio), batch.active | ~batch.mask)
+
+
 def _ratio_to_rollout(batch: PolicyBatch) -> torch.Tensor:
     """rho = exp(l_learner - l_rollout), detached (the REINFORCE weights)."""
     return _token_ratio(batch, batch.learner_logprobs.detach(), batch.rollout_logprobs.detach())
@@ -281,6 +307,11 @@ def tis(batch: PolicyBatch, cap: float = 2.0, aggregation: str = "seq_mean_token
     truncation = float(((ratio > cap) & batch.mask).sum()) / float(batch.mask.sum())
     stats.update(loss=float(loss.detach()), clip_rate=truncation, **_ratio_stats(ratio, batch.mask))
     return LossOutput(loss=loss, stats=stats, advantages=advantages.detach())
+
+
+def _true_ratio(batch: PolicyBatch) -> torch.Tensor:
+    """The learner-to-proximal token ratio as measured (inf where it overflowed), for the stats."""
+    return _token_ratio(batch, batch.learner_logprobs.detach(), _proximal_logprobs(batch))
 
 
 def _ratio_stats(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -332,12 +363,13 @@ def grpo(
     eps_low, eps_high = _check_clip(clip_eps, clip_eps_high)
     dtype = _float_dtype(batch)
     advantages = group_normalized_advantages(batch.rewards.to(dtype), batch.group_ids, std_eps)
-    ratio = _token_ratio(batch, batch.learner_logprobs, _proximal_logprobs(batch))
+    ratio = _clipped_token_ratio(batch, advantages[:, None])
     objective, clip_active = _clipped_objective(ratio, advantages[:, None], eps_low, eps_high)
     loss = -_aggregate(_masked(objective, batch.mask), batch.mask, aggregation)
     stats = _base_stats(batch, advantages)
     clip_rate = float((clip_active & batch.mask).sum()) / float(batch.mask.sum())
-    stats.update(loss=float(loss.detach()), clip_rate=clip_rate, **_ratio_stats(ratio, batch.mask))
+    measured = _ratio_stats(_true_ratio(batch), batch.mask)
+    stats.update(loss=float(loss.detach()), clip_rate=clip_rate, **measured)
     return LossOutput(loss=loss, stats=stats, advantages=advantages.detach())
 
 
@@ -356,14 +388,17 @@ def gspo(
     dtype = _float_dtype(batch)
     advantages = group_normalized_advantages(batch.rewards.to(dtype), batch.group_ids, std_eps)
     log_ratio = _log_ratio(batch, batch.learner_logprobs, _proximal_logprobs(batch))
-    sequence_ratio = torch.exp(log_ratio.sum(-1) / batch.lengths.to(dtype))
+    sequence_log_ratio = _flat_overflow_safe(log_ratio.sum(-1) / batch.lengths.to(dtype), advantages)
+    sequence_ratio = torch.exp(sequence_log_ratio)
     # one token of probability 0 makes the geometric mean 0: the whole response then has weight 0
     fully_supported = (batch.active == batch.mask).all(-1)
     sequence_ratio = _masked(sequence_ratio, fully_supported)
     objective, clip_active = _clipped_objective(sequence_ratio, advantages, eps_low, eps_high)
     loss = -objective.mean()
     stats = _base_stats(batch, advantages)
-    seq = sequence_ratio.detach().to(torch.float64)
+    # the stats report the ratio as measured (inf where it overflowed), not the overflow-safe one
+    measured = torch.exp(log_ratio.detach().sum(-1) / batch.lengths.to(dtype))
+    seq = _masked(measured, fully_supported).to(torch.float64)
     stats.update(
         loss=float(loss.detach()),
         clip_rate=float(clip_active.to(torch.float64).mean()),
@@ -390,12 +425,13 @@ def ppo_clip(
     token_advantages = _masked(token_advantages, batch.mask)
     if not bool(torch.isfinite(token_advantages).all()):
         raise ValueError("advantages has non-finite values at masked-in tokens")
-    ratio = _token_ratio(batch, batch.learner_logprobs, _proximal_logprobs(batch))
+    ratio = _clipped_token_ratio(batch, token_advantages)
     objective, clip_active = _clipped_objective(ratio, token_advantages, eps_low, eps_high)
     loss = -_aggregate(_masked(objective, batch.mask), batch.mask, aggregation)
     stats = _base_stats(batch, token_advantages)
     clip_rate = float((clip_active & batch.mask).sum()) / float(batch.mask.sum())
-    stats.update(loss=float(loss.detach()), clip_rate=clip_rate, **_ratio_stats(ratio, batch.mask))
+    measured = _ratio_stats(_true_ratio(batch), batch.mask)
+    stats.update(loss=float(loss.detach()), clip_rate=clip_rate, **measured)
     return LossOutput(loss=loss, stats=stats, advantages=advantages)
 
 
