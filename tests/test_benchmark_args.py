@@ -91,7 +91,8 @@ def test_bad_device_is_one_error(name, args, message, capsys, monkeypatch):
 
 def test_ops_exits_non_zero_when_every_case_failed(monkeypatch, capsys):
     module = _load("ops")
-    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: True)
+    # a CUDA device that passes the --device check (tested on its own), on which every case fails
+    monkeypatch.setattr(module, "device_or_exit", lambda parser, text: module.torch.device(text))
     monkeypatch.setattr(module, "measure", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no kernel")))
     assert module.main(["--device", "cuda", "--only", "rms_norm", "--repeats", "1", "--quiet"]) == 1
     assert "every case failed" in capsys.readouterr().err

@@ -34,15 +34,35 @@ def check_out_or_exit(parser: argparse.ArgumentParser, out: str) -> None:
         parser.error(str(err))
 
 
-def device_or_exit(parser: argparse.ArgumentParser, text: str):
-    """The torch device named by ``--device``, or ``parser.error`` for a bad name or a CUDA device
-    torch cannot see."""
+def parse_device(text: str):
+    """The torch device ``text`` names, once checked that a tensor can live there; ValueError naming
+    ``--device`` otherwise (an unknown name, ``meta`` or another backend, a CUDA device torch cannot see)."""
     import torch
 
     try:
         device = torch.device(text)
     except RuntimeError as err:
-        parser.error(f"bad --device {text!r}: {err}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {text} but torch sees no CUDA device")
+        raise ValueError(f"bad --device {text!r}: {err}") from None
+    if device.type not in ("cpu", "cuda"):  # meta runs nothing; other backends are not supported
+        raise ValueError(f"bad --device {text!r}: choose cpu or cuda[:index]")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {text} but torch sees no CUDA device")
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"bad --device {text!r}: torch sees {count} CUDA device(s), indices 0..{count - 1}"
+            )
+    try:
+        torch.empty(1, device=device)
+    except Exception as err:  # whatever the backend raises, the user's fix is another --device
+        raise ValueError(f"bad --device {text!r}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
     return device
+
+
+def device_or_exit(parser: argparse.ArgumentParser, text: str):
+    """:func:`parse_device`, with ``parser.error`` (exit 2) for a bad ``--device``."""
+    try:
+        return parse_device(text)
+    except ValueError as err:
+        parser.error(str(err))

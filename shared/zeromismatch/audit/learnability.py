@@ -53,15 +53,19 @@ def expected_runs() -> dict[str, tuple[int, ...]]:
     return {case.name: tuple(SEEDS) for case in cases()}
 
 
+def _finished_seed_dirs(case_dir: Path) -> list[Path]:
+    """The ``seed<k>`` directories of a case whose run finished (summary and config both written)."""
+    return [
+        seed_dir
+        for seed_dir in sorted(case_dir.glob("seed*"))
+        if (seed_dir / "summary.json").is_file() and (seed_dir / "config.json").is_file()
+    ]
+
+
 def _finished_seeds(case_dir: Path) -> set[int]:
-    """Seeds with both files present, by directory name (``seed<k>``)."""
-    seeds = set()
-    for seed_dir in case_dir.glob("seed*"):
-        number = seed_dir.name[len("seed") :]
-        finished = (seed_dir / "summary.json").is_file() and (seed_dir / "config.json").is_file()
-        if number.isdigit() and finished:
-            seeds.add(int(number))
-    return seeds
+    """Seeds with a finished run, by directory name (``seed<k>``)."""
+    numbers = (seed_dir.name[len("seed") :] for seed_dir in _finished_seed_dirs(case_dir))
+    return {int(number) for number in numbers if number.isdigit()}
 
 
 def missing_runs(
@@ -81,11 +85,7 @@ def missing_runs(
 
 def _runs(case_dir: Path) -> list[dict]:
     """Each finished seed run of a case, by seed."""
-    runs = []
-    for seed_dir in sorted(case_dir.glob("seed*")):
-        summary_path, config_path = seed_dir / "summary.json", seed_dir / "config.json"
-        if summary_path.is_file() and config_path.is_file():
-            runs.append(_run(summary_path, config_path))
+    runs = [_run(d / "summary.json", d / "config.json") for d in _finished_seed_dirs(case_dir)]
     return sorted(runs, key=lambda run: run["seed"])
 
 

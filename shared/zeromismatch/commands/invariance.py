@@ -42,39 +42,15 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def _device(text: str):
-    """The torch device ``text`` names, once checked that a tensor can live there."""
-    import torch
-
-    try:
-        device = torch.device(text)
-    except RuntimeError as err:
-        raise ValueError(f"bad --device {text!r}: {err}") from None
-    if device.type not in ("cpu", "cuda"):  # meta runs nothing; other backends are not supported
-        raise ValueError(f"bad --device {text!r}: choose cpu or cuda[:index]")
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"--device {text} but torch sees no CUDA device")
-        if device.index is not None and device.index >= count:
-            raise ValueError(
-                f"bad --device {text!r}: torch sees {count} CUDA device(s), indices 0..{count - 1}"
-            )
-    try:
-        torch.empty(1, device=device)
-    except Exception as err:  # whatever the backend raises, the user's fix is another --device
-        raise ValueError(f"bad --device {text!r}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
-    return device
-
-
 def _parse(args):
     """(kernel sets, devices, dtypes, thread counts) from the arguments; ValueError names what is wrong."""
+    from ..argtypes import parse_device
     from ..io import check_file_path
     from ..kernels import get_kernels
     from ..kernels.selfcheck import DTYPES, SEED_LIMIT
 
     kernels = [get_kernels(name) for name in _split(args.kernels)]
-    devices = [_device(text) for text in _split(args.device)]
+    devices = [parse_device(text) for text in _split(args.device)]
     dtypes = _split(args.dtype)
     if not dtypes:
         raise ValueError(f"--dtype needs at least one of {', '.join(DTYPES)}")

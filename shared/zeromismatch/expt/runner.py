@@ -76,6 +76,7 @@ def _precision_fields(experiment: Experiment, mini: dict) -> dict[str, str]:
         f"nor a quantization {QUANTS}"
     )
 
+
 def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
     """The resolved full-scale config of every arm: the mini arm's choices (``ARM_CHOICE_FIELDS``) on the
     published model, env, engine, trainer and scale; the mini-only settings are named, not carried."""

@@ -21,8 +21,8 @@ Qwen3 ``head_dim`` 128, DeepSeek-V3 ``routed_scaling_factor`` 2.5 and ``first_k_
 (transformers: 32 / 4 / 128 / 8) and DeepSeek-V3's ``n_group`` / ``topk_group`` (8 / 4) --
 which are required, the error naming transformers' default; an explicit ``null``
 ``num_key_value_heads`` means ``num_attention_heads`` where transformers reads it so (Qwen3,
-DeepSeek-V3). Keys we
-do not interpret are kept in ``extra`` and written back unchanged by ``to_hf_dict``.
+DeepSeek-V3). Keys we do not interpret are kept in ``extra`` and written back unchanged by
+``to_hf_dict``.
 """
 
 from __future__ import annotations
@@ -249,13 +249,13 @@ _NEMOTRON = (
     "norm_topk_prob",
     "attention_bias",
 )
-# keys that are derived or v5-only spellings; re-derived on write, so not kept in ``extra``
 # transformers' defaults for fields that are required here (see the module docstring)
 _HF_KV_HEADS_DEFAULT = {"qwen3": 32, "qwen3_moe": 4, "deepseek_v3": 128, "nemotron_h": 8}
 # families whose transformers config maps an explicit null num_key_value_heads to num_attention_heads
 # (Qwen3MoeConfig and NemotronHConfig type it ``int`` and reject null)
 _KV_HEADS_NULL_MEANS_HEADS = ("qwen3", "deepseek_v3")
 _HF_MAX_POSITIONS_DEFAULT = {"qwen3": 32768, "qwen3_moe": 32768, "deepseek_v3": 4096, "nemotron_h": 4096}
+# keys that are derived or v5-only spellings; re-derived on write, so not kept in ``extra``
 _CONSUMED_ALIASES = {
     "architectures",
     "model_type",

@@ -42,9 +42,8 @@ class _RolloutActor:
         episodes = self.worker.generate(batch_index)
         return episodes, time.perf_counter() - t0
 
-    def cache_stats(self) -> tuple[int, int]:
-        manager = self.worker.engine.block_manager
-        return manager.hits, manager.stale_hits
+    def cache_stats(self) -> dict[str, int]:
+        return self.worker.cache_stats()
 
 
 class _LearnerActor:
@@ -162,10 +161,8 @@ class RayRun(Run):
             version = c.weight_version_for_batch(step)
             rollout_ref = rollout.generate.remote(step, version, weights[version])
             snapshot = weights[version] if version != step else None
-            # the same condition as the in-process loop (no mid-run eval after the last step)
-            evaluate_after = bool(c.eval_every) and (step + 1) % c.eval_every == 0 and step + 1 < c.steps
             record_ref, weights[step + 1] = learner.step.options(num_returns=2).remote(
-                rollout_ref, snapshot, evaluate_after
+                rollout_ref, snapshot, c.evaluates_after_step(step)
             )
             in_flight.append((step, version, rollout_ref, record_ref))
             oldest_needed = c.weight_version_for_batch(step + 1)
@@ -177,13 +174,10 @@ class RayRun(Run):
             collect()
         bar.close()
         wall = time.perf_counter() - wall_start
-        (digest, eval_after), (cache_hits, stale_hits) = ray.get(
-            [learner.finish.remote(), rollout.cache_stats.remote()]
-        )
+        (digest, eval_after), cache_stats = ray.get([learner.finish.remote(), rollout.cache_stats.remote()])
         records = self._records()
         summary = summarize(records, digest, eval_before, eval_after, sft_losses)
-        summary["prefix_cache_hits"] = cache_hits
-        summary["stale_prefix_hits"] = stale_hits
+        summary.update(cache_stats)
         summary.update(
             executor="ray", time_wall_s=wall, learner_steps_per_s=len(records) / wall if wall > 0 else None
         )

@@ -160,6 +160,11 @@ class RLConfig:
         """The lag schedule: which learner version generates batch ``batch_index``."""
         return max(0, batch_index - self.lag)
 
+    def evaluates_after_step(self, step: int) -> bool:
+        """The mid-run eval schedule: after every ``eval_every``-th update, except the last (the
+        final evaluation follows it anyway)."""
+        return bool(self.eval_every) and (step + 1) % self.eval_every == 0 and step + 1 < self.steps
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -65,6 +65,11 @@ class RolloutWorker:
         self._engine_to_learner[self.engine.weight_version] = version
         self.version = version
 
+    def cache_stats(self) -> dict[str, int]:
+        """The engine's prefix-cache counters, as both executors put them in the run summary."""
+        manager = self.engine.block_manager
+        return {"prefix_cache_hits": manager.hits, "stale_prefix_hits": manager.stale_hits}
+
     def generate(self, batch_index: int, split: str = "train", greedy: bool = False, seeds=None):
         c = self.config
         task_seeds = seeds if seeds is not None else task_seeds_for_batch(c, batch_index)
@@ -270,7 +275,7 @@ class Run:
             history.prune(c.weight_version_for_batch(step + 1))
             record = step_record(step, version, learner.version, stats, episodes,
                                  {"time_rollout_s": t1 - t0, "time_learner_s": t2 - t1})  # fmt: skip
-            if c.eval_every and (step + 1) % c.eval_every == 0 and step + 1 < c.steps:
+            if c.evaluates_after_step(step):
                 record.update(evaluate(c, learner))
             self._log(record)
             if wandb_run is not None:
@@ -285,8 +290,7 @@ class Run:
             self._records(), weights_hash(learner.model), extra["eval_before"], evaluate(c, learner),
             extra.get("sft_losses"),
         )  # fmt: skip
-        summary["prefix_cache_hits"] = worker.engine.block_manager.hits
-        summary["stale_prefix_hits"] = worker.engine.block_manager.stale_hits
+        summary.update(worker.cache_stats())
         atomic_write_json(self.out / "summary.json", summary)
         if wandb_run is not None:
             wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
