@@ -1,5 +1,9 @@
 """Benchmark cases for the sequence ops (attention, MoE, Mamba2), aligned vs default.
 
+The attention cases appear twice when a C compiler is available: ``attention_*`` with the
+pure-torch aligned set and ``attention_*_native`` with the aligned-native set (kernels/native)
+in the "aligned" column, each against the same default op.
+
 ``CASES`` follows ``benchmarks/timing.py``'s ``OpCase`` format; ``benchmarks/ops.py`` runs them.
 Run alone: ``python benchmarks/ops_sequence_cases.py [--quick] [--cpu-time] [--only REGEX]``.
 Shapes are tiny-model sized (the CPU reference scale): 8 query heads, 2 KV heads, head dim 64;
@@ -36,7 +40,14 @@ def _cu(lens: list[int]) -> torch.Tensor:
     return out
 
 
-def _prefill_case(seq_len: int, dtype) -> OpCase:
+def _native_set():
+    """The aligned-native set (kernels/native) when a C compiler is available, else None."""
+    from zeromismatch.kernels.native import available
+
+    return get_kernels("aligned-native") if available() else None
+
+
+def _prefill_case(seq_len: int, dtype, aligned=ALIGNED, name="attention_prefill") -> OpCase:
     def make():
         gen = torch.Generator().manual_seed(0)
         q = torch.randn(seq_len, HQ, HEAD_DIM, generator=gen).to(dtype)
@@ -45,15 +56,15 @@ def _prefill_case(seq_len: int, dtype) -> OpCase:
         return q, k, v, _cu([seq_len]), _cu([seq_len]), HEAD_DIM**-0.5
 
     return OpCase(
-        "attention_prefill",
+        name,
         f"L={seq_len} Hq={HQ} Hkv={HKV} D={HEAD_DIM} {DTYPE_NAMES[dtype]}",
         make,
-        lambda a: ALIGNED.attention(*a),
+        lambda a: aligned.attention(*a),
         lambda a: DEFAULT.attention(*a),
     )
 
 
-def _decode_case(batch: int, context: int, dtype) -> OpCase:
+def _decode_case(batch: int, context: int, dtype, aligned=ALIGNED, name="attention_decode") -> OpCase:
     def make():
         gen = torch.Generator().manual_seed(1)
         blocks_per_seq = -(-context // CACHE_BLOCK)
@@ -67,10 +78,10 @@ def _decode_case(batch: int, context: int, dtype) -> OpCase:
         return q, k_cache, v_cache, table, _cu([1] * batch), kv_lens, HEAD_DIM**-0.5
 
     return OpCase(
-        "attention_decode",
+        name,
         f"B={batch} ctx<={context} block={CACHE_BLOCK} {DTYPE_NAMES[dtype]}",
         make,
-        lambda a: ALIGNED.paged_attention(*a),
+        lambda a: aligned.paged_attention(*a),
         lambda a: DEFAULT.paged_attention(*a),
     )
 
@@ -180,7 +191,17 @@ def build_cases(quick: bool = False) -> list[OpCase]:
     cases += [_ssm_prefill_case(n, f32) for n in ((128, 512) if quick else (64, 128, 512))]
     cases += [_ssm_decode_case(b, f32) for b in ((1, 64) if quick else (1, 16, 64))]
     cases += [_conv_case([512], f32), _conv_case([1] * 64, f32)]
+    native = _native_set()
+    if native is not None:  # the same attention cases, the aligned-native set against default
+        attention = [c for c in cases if c.name.startswith("attention_")]
+        cases += [_native_twin(c, native) for c in attention]
     return cases
+
+
+def _native_twin(case: OpCase, native) -> OpCase:
+    run = native.attention if case.name == "attention_prefill" else native.paged_attention
+    name = f"{case.name}_native"
+    return OpCase(name, case.shape_desc, case.make_inputs, lambda a: run(*a), case.run_default)
 
 
 CASES: list[OpCase] = build_cases()

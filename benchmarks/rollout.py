@@ -3,6 +3,9 @@
 One run measures all three side by side on the same weights and the same prompts:
 - ``engine-aligned`` and ``engine-default``: ``zeromismatch.engine.LLM`` with the aligned
   and the default kernel sets (continuous batching, all prompts admitted at once);
+- ``engine-aligned-native``: the same engine with the aligned-native set (the aligned set with
+  its attention in a fixed-order C kernel, kernels/native), when a C compiler is available
+  (``--no-native`` skips it);
 - ``hf-generate``: Hugging Face transformers ``generate`` on a model built from the same
   config and loaded with the same HF state dict (``state_dict_hf``), left-padded batch,
   ``do_sample=True`` with the same temperature, ``top_k=0``, fixed ``max_new_tokens``
@@ -15,8 +18,9 @@ HF model ran in the same process), which moves the wall-clock numbers by tens of
 reference for aligned ÷ default is 0.913 (S1); this script makes no claim about GPUs.
 
 Usage: ``python benchmarks/rollout.py [--model tiny-qwen3] [--batch 32] [--new-tokens 128]
-[--repeats 5] [--threads 1] [--quiet] [--out results/reproduced/benchmarks/rollout.json]``; it prints
-the ratios and writes JSON only with ``--out`` (``make bench`` and ``scripts/reproduce_mini.py`` pass it)
+[--repeats 5] [--threads 1] [--no-native] [--quiet] [--out results/reproduced/benchmarks/rollout.json]``;
+it prints the ratios and writes JSON only with ``--out`` (``make bench`` and
+``scripts/reproduce_mini.py`` pass it)
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from zeromismatch.argtypes import check_out_or_exit, int_at_least
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
 from zeromismatch.io import atomic_write_json
+from zeromismatch.kernels.native import available as native_available
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -162,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "oversubscription stall multi-threaded runs far more than they speed them up)",
     )
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--no-native", action="store_true", help="skip the aligned-native kernel set")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
     parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")
     args = parser.parse_args(argv)
@@ -175,11 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     dtype = DTYPES[args.dtype]
     model = build_preset(args.model, "aligned", dtype, args.seed)
     prompts = make_prompts(args.batch, args.prompt_len, int(model.config.vocab_size), args.seed)
-    systems = ["engine-aligned", "engine-default"] + ([] if args.no_hf else ["hf-generate"])
+    native = not args.no_native and native_available()
+    systems = ["engine-aligned", "engine-default"] + (["engine-aligned-native"] if native else [])
+    systems += [] if args.no_hf else ["hf-generate"]
     hf = None if args.no_hf else build_hf_model(model, dtype)
-    # warm-up (allocator, lazy inits) -- not timed
-    time_engine(model, "aligned", prompts[:2], 2, args.temperature)
-    time_engine(model, "default", prompts[:2], 2, args.temperature)
+    # warm-up (allocator, lazy inits, the native library's build) -- not timed
+    for name in systems:
+        if name.startswith("engine-"):
+            time_engine(model, name.split("-", 1)[1], prompts[:2], 2, args.temperature)
 
     def engine_timer(kernels: str):
         def timer():
@@ -207,11 +216,22 @@ def main(argv: list[str] | None = None) -> int:
         "published": {"aligned_over_default": 0.913, "source": "S1"},
         "provenance": provenance(config=vars(args)),
     }
+    if native:
+        result["ratio_aligned_native_over_default"] = (
+            medians["engine-aligned-native"] / medians["engine-default"]
+        )
+        result["ratio_aligned_native_over_default_cpu"] = (
+            cpu_medians["engine-aligned-native"] / cpu_medians["engine-default"]
+        )
     if hf is not None:
         result["hf_same_weights_max_abs_logit_diff"] = hf_logits_gap(model, hf, prompts[0])
         result["ratio_engine_aligned_over_hf"] = medians["engine-aligned"] / medians["hf-generate"]
         aligned_cpu, hf_cpu = cpu_medians["engine-aligned"], cpu_medians["hf-generate"]
         result["ratio_engine_aligned_over_hf_cpu"] = aligned_cpu / hf_cpu
+        if native:
+            result["ratio_engine_aligned_native_over_hf"] = (
+                medians["engine-aligned-native"] / medians["hf-generate"]
+            )
     if args.out:
         atomic_write_json(Path(args.out), result)
     print({k: v for k, v in result.items() if k.startswith("ratio") or k == "median_tokens_per_s"})

@@ -21,6 +21,7 @@ from parity_helpers import (
     first_mismatch,
     logprobs_of,
     model,
+    requires_native,
     rollout,
     trainer_diff,
 )
@@ -184,3 +185,39 @@ def test_zm_parity_prints_exact_zeros_aligned_and_not_default(preset):
         return not run_parity(preset, "default", seed=seed, num_prompts=5, max_tokens=5)["identical"]
 
     assert first_mismatch(default_differs) is not None
+
+
+# ---- the aligned-native set (kernels/native: the aligned set with a fixed-order C attention) ----
+NATIVE = "aligned-native"
+
+
+@requires_native
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_native_set_links_1_2_3_5(preset, dtype):
+    """Links 1, 2, 3 and 5 with the native attention on both sides (its inverses are the default
+    set's above: the native set changes only attention, which the default set breaks)."""
+    m = model(preset, NATIVE, dtype=dtype)
+    assert not _microbatch_differs(m, seed=0)
+    full = rollout(engine(m, NATIVE), seed=2)
+    assert trainer_diff(m, full, max_tokens_per_micro_batch=64) == (True, 0.0)
+    assert not _decode_vs_reprefill_differs(m, NATIVE, seed=3)
+    hot, cold, _ = _hot_vs_cold(m, NATIVE, seed=4)
+    assert torch.equal(logprobs_of(hot), logprobs_of(cold))
+
+
+@requires_native
+@pytest.mark.parametrize("preset", PRESETS)
+def test_zm_parity_exact_zeros_native_set(preset):
+    result = run_parity(preset, NATIVE, seed=5, num_prompts=5, max_tokens=5, top_p=0.9, temperature=0.8)
+    assert result["identical"] and result["tokens"] == 25
+    assert (result["diff_max"], result["k3_kl"]) == (0.0, 0.0)
+
+
+@requires_native
+def test_native_engine_against_pure_torch_trainer_differs():
+    """The two aligned sets compute attention in different fixed orders: an engine on one and a
+    trainer on the other are *not* bitwise equal (so the choice must be the same on both sides)."""
+    native_model = model("tiny-qwen3", NATIVE)
+    outputs = rollout(engine(native_model, NATIVE), seed=2)
+    assert not trainer_diff(model("tiny-qwen3", "aligned"), outputs)[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from rl_helpers import read_metrics, tiny_config
@@ -35,6 +36,20 @@ def test_aligned_stack_has_zero_mismatch_and_unit_is_weights_at_lag_0(tmp_path):
             assert record[key] == 0.0, (key, record)
         assert record["is_max"] == 1.0 and record["is_min"] == 1.0
         assert record["peak_over_median"] == 1.0
+
+
+def test_aligned_native_stack_has_zero_mismatch_at_lag(tmp_path):
+    """The RL loop on the aligned-native set (C attention on both sides), lagged: the kernel term
+    of every step is exactly zero, as on the pure-torch aligned stack."""
+    from zeromismatch.kernels.native import available
+
+    if not available() and not os.environ.get("CI"):
+        pytest.skip("no C compiler: aligned-native cannot be built")
+    config = tiny_config(steps=3, lag=1, kernels="aligned-native", temperature=1.0, top_p=0.9)
+    train(config, tmp_path / "run", quiet=True)
+    for record in read_metrics(tmp_path / "run"):
+        assert record["diff_max"] == 0.0 and record["k3_kl"] == 0.0, record
+        assert record["gap_kernel_abs_max"] == 0.0
 
 
 def test_default_rollout_kernels_show_mismatch(tmp_path):

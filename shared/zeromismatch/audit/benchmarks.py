@@ -73,9 +73,21 @@ def _rollout(data: Node, source: str) -> list[str]:
             f"| engine aligned ÷ default | {data['ratio_aligned_over_default'].number():.2f} | "
             f"{ROLLOUT_TARGETS['aligned_over_default']} |"
         )
+    if data.has("ratio_aligned_native_over_default"):
+        lines.append(
+            "| engine aligned-native ÷ default (C attention, kernels/native) | "
+            f"{data['ratio_aligned_native_over_default'].number():.2f} | "
+            f"{ROLLOUT_TARGETS['aligned_over_default']} |"
+        )
     if data.has("ratio_engine_aligned_over_hf"):
         lines.append(
             f"| engine aligned ÷ HF `generate` | {data['ratio_engine_aligned_over_hf'].number():.2f} | "
+            f"{ROLLOUT_TARGETS['engine_over_hf']} |"
+        )
+    if data.has("ratio_engine_aligned_native_over_hf"):
+        lines.append(
+            "| engine aligned-native ÷ HF `generate` | "
+            f"{data['ratio_engine_aligned_native_over_hf'].number():.2f} | "
             f"{ROLLOUT_TARGETS['engine_over_hf']} |"
         )
     return lines

@@ -184,7 +184,7 @@ def run_parity(
 def register(sub) -> None:
     p = sub.add_parser("parity", help="rollout-vs-trainer logprob diff on a randomized engine workload")
     p.add_argument("--model", required=True, help="model preset, e.g. tiny-qwen3")
-    p.add_argument("--kernels", default="aligned", help="kernel set: aligned | default")
+    p.add_argument("--kernels", default="aligned", help="kernel set: aligned | default | aligned-native")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)

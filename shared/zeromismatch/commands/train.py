@@ -20,7 +20,9 @@ def register(sub) -> None:
     p.add_argument("--env", default="arithmetic", help="arithmetic | tools | code_repair | desktop")
     p.add_argument("--model", default="tiny-qwen3", help="model preset (tiny-qwen3, tiny-qwen3-moe, ...)")
     p.add_argument("--algo", default="reinforce_zero", choices=ALGOS)
-    p.add_argument("--kernels", default="aligned", help="learner kernel set (aligned | default)")
+    p.add_argument(
+        "--kernels", default="aligned", help="learner kernel set (aligned | default | aligned-native)"
+    )
     p.add_argument("--rollout-kernels", default=None, help="engine kernel set (default: same as --kernels)")
     p.add_argument("--lag", type=int, default=0, help="maximum policy lag k (0 = synchronous), up to 64")
     p.add_argument("--steps", type=int, default=20)

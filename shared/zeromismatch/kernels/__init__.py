@@ -2,7 +2,8 @@
 
 ``get_kernels("aligned")`` is the batch-, phase- and layout-invariant CPU
 reference (pure torch); ``get_kernels("default")`` is the fastest stock torch
-path, as a performance-minded, unaligned stack runs it. A GPU set registers
+path, as a performance-minded, unaligned stack runs it; ``get_kernels("aligned-native")``
+is the aligned set with its attention in a fixed-order C kernel (kernels/native). A GPU set registers
 itself under its own name when its extra is installed. See docs/parity.md.
 """
 
@@ -48,6 +49,17 @@ def _register_builtin() -> None:
         from .default import DefaultKernels
 
         register_kernels("default", DefaultKernels)
+    if "aligned-native" not in _FACTORIES:
+        register_kernels("aligned-native", _native_kernels)
+
+
+def _native_kernels() -> KernelSet:
+    """The aligned set with its attention in a fixed-order C kernel, compiled on first use
+    (kernels/native); a missing compiler is one NativeBuildError naming it."""
+    from .native import NativeKernels, _build
+
+    _build.library()
+    return NativeKernels()
 
 
 __all__ = ["KernelSet", "QuantizedWeight", "available_kernels", "get_kernels", "register_kernels"]

@@ -100,6 +100,32 @@ def _check_common(q: torch.Tensor, hkv: int, dqk: int, scale: float) -> None:
         raise TypeError(f"scale must be a float, got {type(scale).__name__}")
 
 
+def check_packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, scale) -> None:
+    """The shape checks of :func:`attention` (shared with the aligned-native set)."""
+    if k.dim() != 3 or v.dim() != 3 or k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"k [Tk, Hkv, Dqk] and v [Tk, Hkv, Dv] disagree: {tuple(k.shape)}, {tuple(v.shape)}")
+    _check_common(q, k.shape[1], k.shape[2], scale)
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise ValueError("cu_seqlens_k must have the same length as cu_seqlens_q")
+
+
+def check_paged_inputs(q, k_cache, v_cache, block_table, cu_seqlens_q, kv_lens, scale) -> None:
+    """The shape checks of :func:`paged_attention` (shared with the aligned-native set)."""
+    if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError(
+            f"k_cache [blocks, block_size, Hkv, Dqk] and v_cache [blocks, block_size, Hkv, Dv] disagree: "
+            f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
+    _check_common(q, k_cache.shape[2], k_cache.shape[3], scale)
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 1 or cu_seqlens_q.is_floating_point():
+        raise ValueError("cu_seqlens_q must be a 1-D integer offsets tensor [S+1]")
+    num_seqs = cu_seqlens_q.numel() - 1
+    if block_table.dim() != 2 or block_table.shape[0] != num_seqs:
+        raise ValueError(f"block_table must be [S={num_seqs}, max_blocks], got {tuple(block_table.shape)}")
+    if kv_lens.shape != (num_seqs,):
+        raise ValueError(f"kv_lens must be [S={num_seqs}], got {tuple(kv_lens.shape)}")
+
+
 # ---- per-step plan ------------------------------------------------------------------------------
 # Everything below that depends only on the batch layout (which query rows, which key rows, the
 # causal masks) is computed once and reused by every layer of a forward: the model calls attention
@@ -313,11 +339,7 @@ def attention(
     scale: float,
 ) -> torch.Tensor:
     """Causal varlen attention over packed K/V (bottom-right aligned); see module docstring."""
-    if k.dim() != 3 or v.dim() != 3 or k.shape[:2] != v.shape[:2]:
-        raise ValueError(f"k [Tk, Hkv, Dqk] and v [Tk, Hkv, Dv] disagree: {tuple(k.shape)}, {tuple(v.shape)}")
-    _check_common(q, k.shape[1], k.shape[2], scale)
-    if cu_seqlens_k.shape != cu_seqlens_q.shape:
-        raise ValueError("cu_seqlens_k must have the same length as cu_seqlens_q")
+    check_packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
     hkv, group = k.shape[1], q.shape[1] // k.shape[1]
 
     def build():
@@ -346,20 +368,8 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Causal attention over a paged KV cache; bitwise equal to :func:`attention`."""
-    if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
-        raise ValueError(
-            f"k_cache [blocks, block_size, Hkv, Dqk] and v_cache [blocks, block_size, Hkv, Dv] disagree: "
-            f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
-        )
+    check_paged_inputs(q, k_cache, v_cache, block_table, cu_seqlens_q, kv_lens, scale)
     hkv = k_cache.shape[2]
-    _check_common(q, hkv, k_cache.shape[3], scale)
-    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 1 or cu_seqlens_q.is_floating_point():
-        raise ValueError("cu_seqlens_q must be a 1-D integer offsets tensor [S+1]")
-    num_seqs = cu_seqlens_q.numel() - 1
-    if block_table.dim() != 2 or block_table.shape[0] != num_seqs:
-        raise ValueError(f"block_table must be [S={num_seqs}, max_blocks], got {tuple(block_table.shape)}")
-    if kv_lens.shape != (num_seqs,):
-        raise ValueError(f"kv_lens must be [S={num_seqs}], got {tuple(kv_lens.shape)}")
     cache_block = k_cache.shape[1]
     group = q.shape[1] // hkv
 

@@ -1,0 +1,151 @@
+"""Compile and load the native kernels (plain C through ctypes; no torch extension build).
+
+The shared library is built once per (source, compiler, flags, CPU) into
+``$ZEROMISMATCH_NATIVE_CACHE`` (default ``~/.cache/zeromismatch/native``) and reused; a build
+writes to a temporary file and renames it into place, so concurrent processes never load a
+half-written library. ``-march=native`` only widens the SIMD lanes: the sources fix every
+rounding step and ``-ffp-contract=off`` forbids fused multiply-adds, so the bits do not depend on
+it (tests/kernels/test_native_attention.py compares a ``-O0`` scalar build against it).
+
+``$CC`` picks the compiler (default ``cc``; split like a shell word list, so ``ccache gcc``
+works); it needs OpenMP (``-fopenmp``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("attention.c")
+#: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
+#: last on the command line, so no earlier flag can override them.
+REQUIRED_FLAGS = ("-ffp-contract=off", "-fno-fast-math")
+DEFAULT_FLAGS = ("-O3", "-march=native")
+#: flags that would reassociate or contract floating-point math even before REQUIRED_FLAGS
+_FORBIDDEN_PREFIXES = ("-Ofast", "-ffast-math", "-fassociative-math", "-funsafe-math", "-ffp-contract=")
+
+
+class NativeBuildError(RuntimeError):
+    """The native kernels could not be compiled or loaded (no compiler, no OpenMP, ...)."""
+
+
+_lock = threading.Lock()
+_loaded: dict[tuple[str, ...], ctypes.CDLL] = {}
+#: the flags ``library()`` builds with when none are given (tests swap in a scalar ``-O0`` build)
+build_flags: tuple[str, ...] = DEFAULT_FLAGS
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ZEROMISMATCH_NATIVE_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "zeromismatch" / "native"
+
+
+def _cpu_fingerprint() -> str:
+    """The CPU's feature flags: a ``-march=native`` library must not be loaded on another CPU
+    (a shared home directory on a cluster)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+def _compiler() -> list[str]:
+    """``$CC`` split like a shell word list (``ccache gcc`` works), default ``cc``."""
+    cc = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
+    if shutil.which(cc[0]) is None:
+        raise NativeBuildError(
+            f"the aligned-native kernels need a C compiler with OpenMP; {cc[0]!r} was not found "
+            "(install gcc, or set CC)"
+        )
+    return cc
+
+
+def _compile(cc: list[str], flags: tuple[str, ...], path: Path) -> None:
+    """Compile into a temporary file beside ``path`` and rename it into place (atomic)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+        os.close(fd)
+    except OSError as err:
+        raise NativeBuildError(f"cannot write the native kernel cache {path.parent}: {err}") from err
+    cmd = [*cc, *flags, *REQUIRED_FLAGS, "-fopenmp", "-fPIC", "-shared", str(SOURCE), "-o", tmp, "-lm"]
+    try:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as err:
+            raise NativeBuildError(f"running {cmd[0]} failed: {err}") from err
+        if proc.returncode != 0:
+            raise NativeBuildError(f"compiling {SOURCE.name} failed ({' '.join(cmd)}):\n{proc.stderr}")
+        if os.path.getsize(tmp) == 0:
+            raise NativeBuildError(f"{' '.join(cmd)} exited 0 but wrote no library")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.zm_attention.argtypes = [
+        p, p, p, ctypes.c_int, ctypes.c_int, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p,
+        ctypes.c_int,
+    ]  # fmt: skip
+    lib.zm_attention.restype = ctypes.c_int
+    return lib
+
+
+def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
+    """The compiled attention library for ``flags`` (default ``build_flags``; REQUIRED_FLAGS are
+    always appended), built on first use, then cached on disk and in this process."""
+    flags = tuple(build_flags if flags is None else flags)
+    bad = [f for f in flags if f.startswith(_FORBIDDEN_PREFIXES)]
+    if bad:
+        raise NativeBuildError(f"the native kernels' fixed rounding forbids the flags {bad}")
+    with _lock:
+        lib = _loaded.get(flags)
+        if lib is not None:
+            return lib
+        cc = _compiler()
+        try:
+            version = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as err:
+            raise NativeBuildError(f"{' '.join(cc)} --version failed: {err}") from err
+        key = hashlib.sha256(
+            b"\0".join(
+                [SOURCE.read_bytes(), version.encode(), " ".join(flags).encode(), _cpu_fingerprint().encode()]
+            )
+        ).hexdigest()[:16]
+        path = cache_dir() / key / "attention.so"
+        if not path.exists():
+            _compile(cc, flags, path)
+        try:
+            lib = _load(path)
+        except OSError:  # a damaged cache entry: build it again, once
+            _compile(cc, flags, path)
+            try:
+                lib = _load(path)
+            except OSError as err:
+                raise NativeBuildError(f"loading {path} failed: {err}") from err
+        _loaded[flags] = lib
+        return lib
+
+
+def available() -> bool:
+    """Whether the native kernels build and load here."""
+    try:
+        library()
+    except NativeBuildError:
+        return False
+    return True

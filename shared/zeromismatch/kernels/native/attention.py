@@ -1,0 +1,205 @@
+"""Native fixed-order attention: the aligned set's invariance without its padded GEMMs.
+
+The pure-torch aligned attention (``kernels/aligned/attention.py``) gets row invariance from
+MKL's batched GEMM only when every call has >= 16 query rows; a decode step has one query per
+sequence (Hq/Hkv rows per KV head), so it computes about 8x the useful work and re-gathers the
+whole context every step. That is the floor the CPU speed targets of issues 3 and 5 hit.
+
+This module computes attention in a small C kernel (``attention.c``) whose every output value
+is one fixed sequence of IEEE operations wherever its query sits: each score is a dot product
+summed in ascending head-dim order, the softmax is max / exp / ascending-key sum, and P @ V
+accumulates in ascending key order (the C file states the rule exactly). So a query gives
+the same bits in a full prefill, a chunked prefill, a decode step over a paged cache of any
+block size and order, and in any batch, by construction rather than by a measured library
+property -- and, with no fused multiply-add and no reassociation, the same bits for any
+compiler target (tests compare a scalar ``-O0`` build). The kernel reads keys and values
+in place through a per-sequence row index (no gather copy).
+
+Its bits differ from the pure-torch aligned attention's (a different, equally fixed order), so
+engine and trainer must both use this set. Arithmetic is fp32; K/V may be fp32 or bf16 (read
+in place), other dtypes are converted to fp32 first; outputs come back in q's dtype. The
+backward (trainer) is the pure-torch aligned attention's gradient, recomputed: gradients need
+no bitwise parity, only the forward logprobs do.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..aligned import attention as aligned_attention
+from ..aligned.attention import _cached_plan, _check_offsets, check_packed_inputs, check_paged_inputs
+from . import _build
+
+_IN_PLACE_KV = (torch.float32, torch.bfloat16)
+
+
+class _Plan:
+    """Per-step index tensors the kernel reads (shared by every layer of one forward)."""
+
+    def __init__(self, key_index: torch.Tensor, q_start, q_len, kv_len):
+        self.key_index = key_index.contiguous()  # [S, W] int64: row of position j of sequence s
+        self.q_start, self.q_len, self.kv_len = q_start, q_len, kv_len
+
+
+def _plan_from(cu_q: list[int], kv_list: list[int], key_index: torch.Tensor) -> _Plan:
+    lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    if any(n > kv for n, kv in zip(lens, kv_list)):
+        raise ValueError("every sequence needs kv_len >= q_len (this step's keys must be included)")
+
+    def i64(values):
+        return torch.tensor(values, dtype=torch.int64)
+
+    return _Plan(key_index, i64(cu_q[:-1]), i64(lens), i64(kv_list))
+
+
+def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, plan: _Plan, scale: float):
+    """``[Tq, Hq, Dv]`` in q's dtype; k_rows / v_rows ``[N, Hkv*D]`` rows of all heads."""
+    if any(t.device.type != "cpu" for t in (q, k_rows, v_rows)):
+        raise ValueError("the aligned-native kernels run on the CPU only (q, k and v must be CPU tensors)")
+    tq, hq, dqk = q.shape
+    dv = v_rows.shape[1] // hkv
+    # the kernel reads fp32 or bf16 in place; other dtypes become fp32 (exact from fp16)
+    k_rows = (k_rows if k_rows.dtype in _IN_PLACE_KV else k_rows.float()).contiguous()
+    v_rows = (v_rows if v_rows.dtype in _IN_PLACE_KV else v_rows.float()).contiguous()
+    # .contiguous(): the kernel reads raw pointers (``to(memory_format=...)`` keeps a strided fp32 view)
+    q32 = q.detach().to(torch.float32).contiguous()
+    out = torch.empty(tq, hq, dv, dtype=torch.float32)
+    if tq == 0:
+        return out.to(q.dtype)
+    status = _build.library().zm_attention(
+        q32.data_ptr(),
+        k_rows.data_ptr(),
+        v_rows.data_ptr(),
+        int(k_rows.dtype == torch.bfloat16),
+        int(v_rows.dtype == torch.bfloat16),
+        plan.key_index.data_ptr(),
+        plan.key_index.shape[1],
+        plan.q_start.data_ptr(),
+        plan.q_len.data_ptr(),
+        plan.kv_len.data_ptr(),
+        plan.kv_len.numel(),
+        hq,
+        hkv,
+        dqk,
+        dv,
+        float(scale),
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise MemoryError("aligned-native attention could not allocate its scratch memory")
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+class _WithAlignedBackward(torch.autograd.Function):
+    """Forward: the native kernel. Backward: the gradient of the pure-torch aligned attention
+    (the same function up to fp32 rounding), recomputed from the saved inputs. Once
+    differentiable: a double backward is an error, not a silently missing second-order term."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, forward_fn, reference_fn):
+        ctx.reference_fn = reference_fn
+        ctx.save_for_backward(q, k, v)
+        return forward_fn()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            inputs = [t.detach().requires_grad_(need) for t, need in zip((q, k, v), ctx.needs_input_grad[:3])]
+            out = ctx.reference_fn(*inputs)
+            wanted = [t for t in inputs if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad_out))
+        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal varlen attention over packed K/V (bottom-right aligned); see module docstring."""
+    check_packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
+    hkv = k.shape[1]
+
+    def build():
+        cu_q = _check_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+        cu_k = _check_offsets(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+        kv_list = [b - a for a, b in zip(cu_k, cu_k[1:])]
+        width = max(kv_list, default=0)
+        starts = torch.tensor(cu_k[:-1], dtype=torch.int64)
+        return _plan_from(cu_q, kv_list, starts[:, None] + torch.arange(width)[None, :])
+
+    plan = _cached_plan(("native-packed", q.shape[0], k.shape[0], hkv), (cu_seqlens_q, cu_seqlens_k), build)
+
+    def forward():
+        # explicit widths: a reshape with -1 fails on zero tokens
+        k_rows, v_rows = k.reshape(k.shape[0], hkv * k.shape[2]), v.reshape(v.shape[0], hkv * v.shape[2])
+        return _run(q, k_rows, v_rows, hkv, plan, scale)
+
+    if not _needs_grad(q, k, v):
+        return forward()
+
+    def reference(q_, k_, v_):
+        return aligned_attention.attention(q_, k_, v_, cu_seqlens_q, cu_seqlens_k, scale)
+
+    return _WithAlignedBackward.apply(q, k, v, forward, reference)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention over a paged KV cache, read in place; bitwise equal to :func:`attention`."""
+    check_paged_inputs(q, k_cache, v_cache, block_table, cu_seqlens_q, kv_lens, scale)
+    hkv, cache_block = k_cache.shape[2], k_cache.shape[1]
+
+    def build():
+        cu_q = _check_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+        kv_list = kv_lens.tolist()
+        if any(n < 0 for n in kv_list):
+            raise ValueError(f"kv_lens must be >= 0, got {kv_list}")
+        max_blocks = block_table.shape[1]
+        if any(n > max_blocks * cache_block for n in kv_list):
+            raise ValueError("kv_lens exceed the blocks in block_table")
+        table = block_table.to(torch.int64)
+        pos = torch.arange(max(kv_list, default=0))
+        blocks = (pos // cache_block).clamp(max=max(max_blocks - 1, 0))
+        key_index = table[:, blocks] * cache_block + (pos % cache_block)[None, :]
+        # the kernel reads these rows unchecked: every row a query can reach must be in the cache
+        used = key_index[pos[None, :] < kv_lens.to(torch.int64)[:, None]]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= k_cache.shape[0] * cache_block):
+            raise ValueError(f"block_table holds block ids outside 0..{k_cache.shape[0] - 1}")
+        return _plan_from(cu_q, kv_list, key_index)
+
+    plan = _cached_plan(
+        ("native-paged", q.shape[0], cache_block, hkv, k_cache.shape[0]),
+        (block_table, cu_seqlens_q, kv_lens),
+        build,
+    )
+
+    def forward():
+        k_rows = k_cache.reshape(-1, hkv * k_cache.shape[3])
+        return _run(q, k_rows, v_cache.reshape(-1, hkv * v_cache.shape[3]), hkv, plan, scale)
+
+    if not _needs_grad(q, k_cache, v_cache):
+        return forward()
+
+    def reference(q_, k_, v_):
+        return aligned_attention.paged_attention(q_, k_, v_, block_table, cu_seqlens_q, kv_lens, scale)
+
+    return _WithAlignedBackward.apply(q, k_cache, v_cache, forward, reference)

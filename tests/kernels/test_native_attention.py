@@ -1,0 +1,265 @@
+"""The aligned-native set's C attention: bitwise invariance by construction, accuracy, build.
+
+Invariance tests compare with ``torch.equal``: a query's output in a packed full prefill, in a
+paged chunked prefill and in a paged decode step (shuffled blocks, nan in unused slots, other
+sequences in the call), at 1 and 2 threads, and from a scalar ``-O0`` build against the
+vectorized ``-O3 -march=native`` one. The inverse (the default set breaks phase invariance) is
+tests/kernels/test_attention.py's; here the contrast is that the pure-torch aligned set computes
+different bits, so the two sets must never be mixed between engine and trainer. Accuracy is
+against float64 with stated tolerances.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_helpers import torch_threads
+
+from zeromismatch.kernels import get_kernels
+from zeromismatch.kernels.native import _build
+
+if not _build.available() and not os.environ.get("CI"):  # pragma: no cover - CI installs gcc (.ci/run)
+    pytest.skip("no C compiler with OpenMP: the aligned-native set cannot be built", allow_module_level=True)
+
+NATIVE = get_kernels("aligned-native")
+ALIGNED = get_kernels("aligned")
+DEFAULT = get_kernels("default")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
+
+
+def _make(gen, lens, hq, hkv, dqk, dv, dtype):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    return [(rnd(n, hq, dqk), rnd(n, hkv, dqk), rnd(n, hkv, dv)) for n in lens]
+
+
+def _paged(gen, seqs, block):
+    """A cache holding every sequence's K/V in shuffled blocks; unused slots hold nan."""
+    need = [-(-q.shape[0] // block) for q, _, _ in seqs]
+    total = sum(need) + 2
+    k0, v0 = seqs[0][1], seqs[0][2]
+    kc = torch.full((total, block, *k0.shape[1:]), float("nan"), dtype=k0.dtype)
+    vc = torch.full((total, block, *v0.shape[1:]), float("nan"), dtype=v0.dtype)
+    order = torch.randperm(total, generator=gen)
+    table = torch.zeros(len(seqs), max(need), dtype=torch.int64)
+    used = 0
+    for s, (_, k, v) in enumerate(seqs):
+        blocks = order[used : used + need[s]]
+        used += need[s]
+        table[s, : need[s]] = blocks
+        pos = torch.arange(k.shape[0])
+        kc[blocks[pos // block], pos % block] = k
+        vc[blocks[pos // block], pos % block] = v
+    return kc, vc, table
+
+
+def _prefill(kernels, seqs, scale):
+    q, k, v = (torch.cat([s[i] for s in seqs]) for i in range(3))
+    cu = _cu([s[0].shape[0] for s in seqs])
+    return kernels.attention(q, k, v, cu, cu, scale)
+
+
+def _paged_steps(kernels, seqs, kc, vc, table, chunk, scale):
+    """All sequences advanced together in chunks of ``chunk`` queries (1 = decode steps)."""
+    lens = [s[0].shape[0] for s in seqs]
+    outs = [[] for _ in seqs]
+    done = [0] * len(seqs)
+    while any(d < n for d, n in zip(done, lens)):
+        live = [i for i in range(len(seqs)) if done[i] < lens[i]]
+        parts = [seqs[i][0][done[i] : min(lens[i], done[i] + chunk)] for i in live]
+        kv = torch.tensor([done[i] + p.shape[0] for i, p in zip(live, parts)])
+        out = kernels.paged_attention(
+            torch.cat(parts), kc, vc, table[live], _cu([p.shape[0] for p in parts]), kv, scale
+        )
+        at = 0
+        for i, p in zip(live, parts):
+            outs[i].append(out[at : at + p.shape[0]])
+            at += p.shape[0]
+            done[i] += p.shape[0]
+    return torch.cat([torch.cat(o) for o in outs])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    hkv=st.integers(1, 3),
+    group=st.integers(1, 4),
+    dqk=st.integers(1, 80),
+    dv=st.integers(1, 80),
+    lens=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    chunk=st.integers(1, 9),
+    block=st.integers(1, 20),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    seed=st.integers(0, 2**16),
+)
+def test_prefill_chunked_and_decode_are_bitwise_equal(hkv, group, dqk, dv, lens, chunk, block, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    seqs = _make(gen, lens, hkv * group, hkv, dqk, dv, DTYPES[dtype])
+    scale = dqk**-0.5
+    full = _prefill(NATIVE, seqs, scale)
+    kc, vc, table = _paged(gen, seqs, block)
+    assert torch.equal(_paged_steps(NATIVE, seqs, kc, vc, table, chunk, scale), full)
+    assert torch.equal(_paged_steps(NATIVE, seqs, kc, vc, table, 1, scale), full)
+    # each sequence alone gives the bits it got among the others
+    at = 0
+    for s in seqs:
+        n = s[0].shape[0]
+        assert torch.equal(_prefill(NATIVE, [s], scale), full[at : at + n])
+        at += n
+
+
+def test_thread_count_and_views_do_not_change_bits():
+    gen = torch.Generator().manual_seed(3)
+    hq, hkv, d, n = 8, 2, 64, 70
+    # q, k, v as strided views of one fused projection, as the models produce them
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen)
+    q = qkv[:, : hq * d].view(n, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(n, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(n, hkv, d)
+    assert not q.is_contiguous()
+    cu = _cu([n])
+    with torch_threads(1):
+        one = NATIVE.attention(q, k, v, cu, cu, 0.125)
+    with torch_threads(2):
+        two = NATIVE.attention(q, k, v, cu, cu, 0.125)
+    assert torch.equal(one, two)
+    assert torch.equal(one, NATIVE.attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, 0.125))
+
+
+def test_scalar_O0_build_gives_the_same_bits(monkeypatch):
+    """The bits follow from the source alone: a build without vectorization or -march agrees."""
+    gen = torch.Generator().manual_seed(4)
+    for dtype in DTYPES.values():
+        seqs = _make(gen, [33, 5, 17], 6, 2, 72, 40, dtype)
+        vectorized = _prefill(NATIVE, seqs, 0.1)
+        monkeypatch.setattr(_build, "build_flags", ("-O0",))
+        scalar = _prefill(NATIVE, seqs, 0.1)
+        monkeypatch.undo()
+        assert torch.equal(vectorized, scalar)
+
+
+def test_native_and_pure_torch_aligned_bits_differ():
+    """Two different fixed orders: engine and trainer must run the same set (the contrast)."""
+    gen = torch.Generator().manual_seed(5)
+    seqs = _make(gen, [50, 20], 8, 2, 64, 64, torch.float32)
+    native, aligned = _prefill(NATIVE, seqs, 0.125), _prefill(ALIGNED, seqs, 0.125)
+    assert not torch.equal(native, aligned)
+    assert (native - aligned).abs().max() < 1e-5
+
+
+def _reference(q, k, v, scale):
+    """float64 causal attention of one full sequence (GQA by head repetition)."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", qd, kd) * scale
+    n = q.shape[0]
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), vd)
+
+
+@pytest.mark.parametrize(
+    "dtype, magnitude, tol",
+    [(torch.float32, 1.0, 2e-6), (torch.float32, 30.0, 5e-5), (torch.bfloat16, 1.0, 2e-2)],
+)
+def test_accuracy_against_float64(dtype, magnitude, tol):
+    """Tolerances: fp32 math on fp32 inputs; at magnitude 30 the scores reach ~+-300, where one
+    fp32 rounding of a score is ~2e-5 absolute in the exponent (the pure-torch aligned set's
+    error on the same input is printed for comparison); bf16 outputs are one bf16 rounding
+    (2^-8 relative) of values <= ~4."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(90, h, 48, generator=gen).to(dtype) for h in (6, 3, 3))
+    q = q * magnitude
+    cu, scale = _cu([90]), 48**-0.5
+    out = NATIVE.attention(q, k, v, cu, cu, scale)
+    assert out.dtype == dtype
+    reference = _reference(q, k, v, scale)
+    native_error = (out.double() - reference).abs().max()
+    aligned_error = (ALIGNED.attention(q, k, v, cu, cu, scale).double() - reference).abs().max()
+    print(f"max abs error vs float64: native {native_error:.3g}, pure-torch aligned {aligned_error:.3g}")
+    assert native_error < tol
+
+
+def test_gradients_match_float64():
+    """Backward is the pure-torch aligned gradient (tolerance: fp32 accumulation over 40 keys)."""
+    gen = torch.Generator().manual_seed(7)
+    base = [torch.randn(40, h, 32, generator=gen) for h in (4, 2, 2)]
+    cu = _cu([40])
+    ours = [t.clone().requires_grad_() for t in base]
+    NATIVE.attention(*ours, cu, cu, 0.2).square().sum().backward()
+    ref = [t.double().requires_grad_() for t in base]
+    _reference(*ref, 0.2).square().sum().backward()
+    for a, b in zip(ours, ref):
+        assert (a.grad.double() - b.grad).abs().max() < 1e-4
+    # only some inputs needing a gradient
+    q = base[0].clone().requires_grad_()
+    NATIVE.attention(q, base[1], base[2], cu, cu, 0.2).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_bad_inputs_give_one_clear_error():
+    gen = torch.Generator().manual_seed(8)
+    (q, k, v), = _make(gen, [6], 4, 2, 16, 16, torch.float32)
+    kc, vc, table = _paged(gen, [(q, k, v)], 4)
+    with pytest.raises(ValueError, match="block ids outside"):
+        NATIVE.paged_attention(q, kc, vc, table + 100, _cu([6]), torch.tensor([6]), 0.25)
+    with pytest.raises(ValueError, match="kv_len >= q_len"):
+        NATIVE.paged_attention(q, kc, vc, table, _cu([6]), torch.tensor([5]), 0.25)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        NATIVE.attention(q[:, :3], k, v, _cu([6]), _cu([6]), 0.25)
+
+
+def test_edge_inputs_behave_like_the_aligned_set():
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(4, h, 8, generator=gen) for h in (2, 1, 1))
+    cu = _cu([4])
+    # a nan in a key reaches the output (a finite forward over nan keys would hide a blow-up)
+    k_nan = k.clone()
+    k_nan[1, 0, 0] = float("nan")
+    native, aligned = NATIVE.attention(q, k_nan, v, cu, cu, 1.0), ALIGNED.attention(q, k_nan, v, cu, cu, 1.0)
+    assert torch.equal(native.isnan(), aligned.isnan()) and native[1:].isnan().all()
+    # no tokens at all
+    empty, no_seq = torch.zeros(0, 2, 8), torch.tensor([0, 0])
+    assert NATIVE.attention(empty, empty[:, :1], empty[:, :1], no_seq, no_seq, 1.0).shape == (0, 2, 8)
+    # keys and values of different dtypes (the contract allows it); prefill == decode still holds
+    k16 = k.bfloat16()
+    full = NATIVE.attention(q, k16, v, cu, cu, 1.0)
+    kc, vc = k16.view(1, 4, 1, 8), v.view(1, 4, 1, 8)
+    last = NATIVE.paged_attention(q[3:], kc, vc, torch.tensor([[0]]), _cu([1]), torch.tensor([4]), 1.0)
+    assert torch.equal(last, full[3:])
+    with pytest.raises(ValueError, match="CPU only"):
+        NATIVE.attention(q, k, v.to("meta"), cu, cu, 1.0)
+    with pytest.raises(ValueError, match="kv_lens must be >= 0"):
+        NATIVE.paged_attention(q[:0], kc, vc, torch.tensor([[0]]), _cu([0]), torch.tensor([-3]), 1.0)
+
+
+def test_double_backward_is_an_error_not_a_silent_zero():
+    q = torch.randn(3, 2, 5, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(3, 1, 5, dtype=torch.float64)
+    cu = _cu([3])
+    (grad,) = torch.autograd.grad(NATIVE.attention(q, k, k, cu, cu, 1.0).pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(grad.sum(), q)
+
+
+def test_missing_compiler_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "no-such-compiler-zm")
+    monkeypatch.setenv("ZEROMISMATCH_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(_build, "_loaded", {})
+    with pytest.raises(_build.NativeBuildError, match="no-such-compiler-zm"):
+        _build.library()
+    with pytest.raises(_build.NativeBuildError, match="forbids"):
+        _build.library(("-O2", "-ffast-math"))
+    with pytest.raises(_build.NativeBuildError, match="forbids"):
+        _build.library(("-O2", "-ffp-contract=fast"))
+    monkeypatch.setenv("CC", "true")  # "succeeds" without writing a library
+    with pytest.raises(_build.NativeBuildError, match="wrote no library"):
+        _build.library()
+    assert not list(tmp_path.rglob("*.so"))  # no empty library cached, no temp file left
