@@ -25,7 +25,9 @@ What it does, on one set of weights:
    ``LLM.generate`` and our engine (aligned kernels, the ``time_engine`` of
    ``benchmarks/rollout.py``) in rotating order in this one process, with the same torch
    thread count; tokens/s = generated tokens / wall seconds, reported as per-system medians
-   and their ratio engine-aligned ÷ vLLM. Both sides return a logprob per sampled token;
+   and their ratio engine-aligned ÷ vLLM (and engine-aligned-native ÷ vLLM, the aligned set with
+   its attention in a fixed-order C kernel, when a C compiler is present). Both sides return a
+   logprob per sampled token;
 3. mismatch: the sampled tokens of the last vLLM repetition are rescored by our trainer
    (``compute_logprobs``: one packed no-cache forward, aligned kernels, raw log-softmax --
    at temperature 1 without top-k/top-p that is the distribution vLLM sampled from) and
@@ -60,6 +62,7 @@ from zeromismatch._provenance import provenance  # noqa: E402
 from zeromismatch.argtypes import check_out_or_exit  # noqa: E402
 from zeromismatch.engine.llm import build_preset  # noqa: E402
 from zeromismatch.io import atomic_write_json  # noqa: E402
+from zeromismatch.kernels.native import available as native_available  # noqa: E402
 from zeromismatch.metrics.mismatch import logprob_diff_stats  # noqa: E402
 from zeromismatch.models.loader import save_pretrained  # noqa: E402
 from zeromismatch.train.logprobs import compute_logprobs, recompute_outputs  # noqa: E402
@@ -195,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         "engine-aligned": lambda: time_engine(model, "aligned", prompts, args.new_tokens, args.temperature),
         "vllm": vllm_timer,
     }
+    if native_available():  # the aligned-native set (C attention), when a compiler is present
+        time_engine(model, "aligned-native", prompts, warmup_tokens, args.temperature)
+        timers["engine-aligned-native"] = lambda: time_engine(
+            model, "aligned-native", prompts, args.new_tokens, args.temperature
+        )
     runs, medians, cpu_medians = run_rotating(timers, args.repeats, args.quiet)
 
     # the engine's outputs of one more run (untimed) for the contrast: same weights, aligned kernels
@@ -247,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         "mismatch": mismatch,
         "provenance": provenance(config=vars(args)),
     }
+    if "engine-aligned-native" in medians:
+        result["ratio_engine_aligned_native_over_vllm"] = medians["engine-aligned-native"] / medians["vllm"]
     if args.out:
         atomic_write_json(Path(args.out), result)
     ratio = result["ratio_engine_aligned_over_vllm"]

@@ -123,7 +123,13 @@ def _vllm(data: Node, source: str) -> list[str]:
         "",
         f"Throughput on the same weights and prompts: vLLM {tps['vllm'].number():.0f} tokens/s, our engine "
         f"(aligned) {tps['engine-aligned'].number():.0f} tokens/s, ratio "
-        f"{data['ratio_engine_aligned_over_vllm'].number():.2f}.",
+        f"{data['ratio_engine_aligned_over_vllm'].number():.2f}."
+        + (
+            f" With the aligned-native set (C attention): {tps['engine-aligned-native'].number():.0f} "
+            f"tokens/s, ratio {data['ratio_engine_aligned_native_over_vllm'].number():.2f}."
+            if data.has("ratio_engine_aligned_native_over_vllm")
+            else ""
+        ),
         "",
         "| logprobs compared | tokens | tokens differing | diff max | diff mean | k3 KL | identical |",
         "|---|---:|---:|---:|---:|---:|---|",
