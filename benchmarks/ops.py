@@ -192,13 +192,19 @@ def dense_cases() -> list[OpCase]:
     return cases
 
 
+#: why ops_sequence_cases left out its aligned-native rows (None: they ran, or no such module)
+_native_not_run: str | None = None
+
+
 def sequence_cases() -> list[OpCase]:
+    global _native_not_run
     path = Path(__file__).resolve().parent / "ops_sequence_cases.py"
     if not path.exists():
         return []
     spec = importlib.util.spec_from_file_location("ops_sequence_cases", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    _native_not_run = module.NATIVE_NOT_RUN
     return list(module.CASES)
 
 
@@ -276,9 +282,12 @@ def main(argv: list[str] | None = None) -> int:
                 "clock": clock,
                 "torch": torch.__version__,
                 "provenance": provenance(config=vars(args)),
+                "native_not_run": _native_not_run,
                 "cases": [
                     {
                         "op": t.name,
+                        # rows named *_native time the aligned-native set (ops_sequence_cases.NATIVE_SUFFIX)
+                        "kernels": "aligned-native" if t.name.endswith("_native") else "aligned",
                         "shape": t.shape_desc,
                         "aligned_us": t.aligned_us,
                         "default_us": t.default_us,

@@ -40,7 +40,7 @@ from zeromismatch.argtypes import check_out_or_exit, int_at_least
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
 from zeromismatch.io import atomic_write_json
-from zeromismatch.kernels.native import available as native_available
+from zeromismatch.kernels.native import unavailable_reason as native_unavailable_reason
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -181,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     dtype = DTYPES[args.dtype]
     model = build_preset(args.model, "aligned", dtype, args.seed)
     prompts = make_prompts(args.batch, args.prompt_len, int(model.config.vocab_size), args.seed)
-    native = not args.no_native and native_available()
+    native_not_run = "--no-native" if args.no_native else native_unavailable_reason()
+    native = native_not_run is None
+    if native_not_run and not args.no_native:
+        print(f"rollout.py: engine-aligned-native not run: {native_not_run}", file=sys.stderr)
     systems = ["engine-aligned", "engine-default"] + (["engine-aligned-native"] if native else [])
     systems += [] if args.no_hf else ["hf-generate"]
     hf = None if args.no_hf else build_hf_model(model, dtype)
@@ -216,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         "published": {"aligned_over_default": 0.913, "source": "S1"},
         "provenance": provenance(config=vars(args)),
     }
-    if native:
+    if not native:
+        result["native_not_run"] = native_not_run
+    else:
         result["ratio_aligned_native_over_default"] = (
             medians["engine-aligned-native"] / medians["engine-default"]
         )
@@ -232,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             result["ratio_engine_aligned_native_over_hf"] = (
                 medians["engine-aligned-native"] / medians["hf-generate"]
             )
+            result["ratio_engine_aligned_native_over_hf_cpu"] = cpu_medians["engine-aligned-native"] / hf_cpu
     if args.out:
         atomic_write_json(Path(args.out), result)
     print({k: v for k, v in result.items() if k.startswith("ratio") or k == "median_tokens_per_s"})

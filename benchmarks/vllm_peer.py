@@ -62,7 +62,7 @@ from zeromismatch._provenance import provenance  # noqa: E402
 from zeromismatch.argtypes import check_out_or_exit  # noqa: E402
 from zeromismatch.engine.llm import build_preset  # noqa: E402
 from zeromismatch.io import atomic_write_json  # noqa: E402
-from zeromismatch.kernels.native import available as native_available  # noqa: E402
+from zeromismatch.kernels.native import unavailable_reason as native_unavailable_reason  # noqa: E402
 from zeromismatch.metrics.mismatch import logprob_diff_stats  # noqa: E402
 from zeromismatch.models.loader import save_pretrained  # noqa: E402
 from zeromismatch.train.logprobs import compute_logprobs, recompute_outputs  # noqa: E402
@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         "engine-aligned": lambda: time_engine(model, "aligned", prompts, args.new_tokens, args.temperature),
         "vllm": vllm_timer,
     }
-    if native_available():  # the aligned-native set (C attention), when a compiler is present
+    native_not_run = native_unavailable_reason()  # the aligned-native set (C attention)
+    if native_not_run:
+        print(f"vllm_peer.py: engine-aligned-native not run: {native_not_run}", file=sys.stderr)
+    else:
         time_engine(model, "aligned-native", prompts, warmup_tokens, args.temperature)
         timers["engine-aligned-native"] = lambda: time_engine(
             model, "aligned-native", prompts, args.new_tokens, args.temperature
@@ -257,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if "engine-aligned-native" in medians:
         result["ratio_engine_aligned_native_over_vllm"] = medians["engine-aligned-native"] / medians["vllm"]
+    else:
+        result["native_not_run"] = native_not_run
     if args.out:
         atomic_write_json(Path(args.out), result)
     ratio = result["ratio_engine_aligned_over_vllm"]

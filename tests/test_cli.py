@@ -61,9 +61,11 @@ def test_every_kernel_set_implements_every_op_from_its_own_modules():
 
     # aligned-native is the aligned set with its own attention (kernels/native): exactly those two
     # ops come from its package, every other op from the aligned one
+    from zeromismatch.kernels.native import NativeKernels  # importing it compiles nothing
+
     native_ops = {"attention", "paged_attention"}
     for name in available_kernels():
-        kernels = get_kernels(name)
+        kernels = NativeKernels if name == "aligned-native" else get_kernels(name)
         for op in KernelSet.__abstractmethods__:
             module = getattr(kernels, op).__module__
             if name == "aligned-native":

@@ -45,8 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    from .kernels.native._build import NativeBuildError
+
     try:
         return int(args.func(args) or 0)
+    except NativeBuildError as err:  # e.g. --kernels aligned-native without a C compiler
+        print(f"zm {args.command}: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -31,6 +31,20 @@ def _commit(data: Node) -> str:
     return f", git {short_commit(commit)}" if commit else ""
 
 
+NATIVE_NOTE = (
+    "Rows and systems named `*native*` run the aligned-native set (the aligned set with its attention "
+    "in a fixed-order C kernel, `kernels/native`; docs/parity.md) against the same default op; no "
+    "verdict uses them."
+)
+
+
+def _native_not_run(data: Node) -> list[str]:
+    """A line saying why a file's aligned-native measurement is missing, if it says so."""
+    if not data.has("native_not_run"):
+        return []
+    return ["", f"aligned-native not run: {data['native_not_run'].text()}"]
+
+
 def _ops(data: Node, source: str) -> list[str]:
     ratios: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for case in data.get("cases", []).list():
@@ -55,7 +69,9 @@ def _ops(data: Node, source: str) -> list[str]:
             f"| {op} | {len(cases)} | {geomean:.2f} | {worst:.2f} | {shape} | {below} | "
             f"{'yes' if geomean >= OPS_TARGET else 'no'} |"
         )
-    return lines
+    if any(op.endswith("_native") for op in ratios):
+        lines += ["", NATIVE_NOTE]
+    return lines + _native_not_run(data)
 
 
 def _rollout(data: Node, source: str) -> list[str]:
@@ -90,7 +106,9 @@ def _rollout(data: Node, source: str) -> list[str]:
             f"{data['ratio_engine_aligned_native_over_hf'].number():.2f} | "
             f"{ROLLOUT_TARGETS['engine_over_hf']} |"
         )
-    return lines
+    if data.has("ratio_aligned_native_over_default"):
+        lines += ["", NATIVE_NOTE]
+    return lines + _native_not_run(data)
 
 
 def _async(data: Node, source: str) -> list[str]:
@@ -141,7 +159,7 @@ def _vllm(data: Node, source: str) -> list[str]:
             f"{fmt_number(stats['diff_max'].number())} | {fmt_number(stats['diff_mean'].number())} | "
             f"{fmt_number(stats['k3_kl'].number())} | {stats['identical'].boolean()} |"
         )
-    return lines
+    return lines + _native_not_run(data)
 
 
 SECTIONS = (("ops.json", _ops), ("rollout.json", _rollout), ("async.json", _async), ("vllm_peer.json", _vllm))

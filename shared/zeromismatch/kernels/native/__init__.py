@@ -14,7 +14,7 @@ from __future__ import annotations
 from .._modules import kernel_set_from_modules
 from ..aligned import dense, moe, ssm
 from . import attention
-from ._build import NativeBuildError, available
+from ._build import NativeBuildError, available, unavailable_reason
 
 NativeKernels = kernel_set_from_modules(
     "NativeKernels",
@@ -24,4 +24,4 @@ NativeKernels = kernel_set_from_modules(
     promises_invariance=True,
 )
 
-__all__ = ["NativeBuildError", "NativeKernels", "available"]
+__all__ = ["NativeBuildError", "NativeKernels", "available", "unavailable_reason"]

@@ -5,7 +5,7 @@ The shared library is built once per (source, compiler, flags, CPU) into
 writes to a temporary file and renames it into place, so concurrent processes never load a
 half-written library. ``-march=native`` only widens the SIMD lanes: the sources fix every
 rounding step and ``-ffp-contract=off`` forbids fused multiply-adds, so the bits do not depend on
-it (tests/kernels/test_native_attention.py compares a ``-O0`` scalar build against it).
+it (tests/kernels/test_native_attention.py compares an ``-O0`` SSE2 build against it).
 
 ``$CC`` picks the compiler (default ``cc``; split like a shell word list, so ``ccache gcc``
 works); it needs OpenMP (``-fopenmp``).
@@ -39,7 +39,7 @@ class NativeBuildError(RuntimeError):
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, ...], ctypes.CDLL] = {}
-#: the flags ``library()`` builds with when none are given (tests swap in a scalar ``-O0`` build)
+#: the flags ``library()`` builds with when none are given (tests swap in an ``-O0`` build)
 build_flags: tuple[str, ...] = DEFAULT_FLAGS
 
 
@@ -78,7 +78,10 @@ def _compile(cc: list[str], flags: tuple[str, ...], path: Path) -> None:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
         os.close(fd)
     except OSError as err:
-        raise NativeBuildError(f"cannot write the native kernel cache {path.parent}: {err}") from err
+        raise NativeBuildError(
+            f"cannot write the native kernel cache {path.parent}: {err} "
+            "(set ZEROMISMATCH_NATIVE_CACHE to a writable directory)"
+        ) from err
     cmd = [*cc, *flags, *REQUIRED_FLAGS, "-fopenmp", "-fPIC", "-shared", str(SOURCE), "-o", tmp, "-lm"]
     try:
         try:
@@ -142,10 +145,16 @@ def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
         return lib
 
 
-def available() -> bool:
-    """Whether the native kernels build and load here."""
+def unavailable_reason() -> str | None:
+    """Why the native kernels cannot be built and loaded here (the NativeBuildError message), or
+    None when they can: for skip reasons and for benchmarks that report a missing row."""
     try:
         library()
-    except NativeBuildError:
-        return False
-    return True
+    except NativeBuildError as err:
+        return str(err)
+    return None
+
+
+def available() -> bool:
+    """Whether the native kernels build and load here."""
+    return unavailable_reason() is None

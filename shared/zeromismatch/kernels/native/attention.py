@@ -7,13 +7,14 @@ whole context every step. That is the floor the CPU speed targets of issues 3 an
 
 This module computes attention in a small C kernel (``attention.c``) whose every output value
 is one fixed sequence of IEEE operations wherever its query sits: each score is a dot product
-summed in ascending head-dim order, the softmax is max / exp / ascending-key sum, and P @ V
-accumulates in ascending key order (the C file states the rule exactly). So a query gives
+in 16 strided lanes (ascending head dim within a lane) joined by a fixed tree, the softmax is
+max / a fixed-polynomial exp / ascending-key sum, and P @ V accumulates in ascending key order
+(the C file states the rule exactly). So a query gives
 the same bits in a full prefill, a chunked prefill, a decode step over a paged cache of any
 block size and order, and in any batch, by construction rather than by a measured library
 property -- and, with no fused multiply-add and no reassociation, the same bits for any
-compiler target (tests compare a scalar ``-O0`` build). The kernel reads keys and values
-in place through a per-sequence row index (no gather copy).
+compiler target (tests compare an ``-O0`` SSE2 build with the ``-O3 -march=native`` one). The
+kernel reads keys and values in place through a per-sequence row index (no gather copy).
 
 Its bits differ from the pure-torch aligned attention's (a different, equally fixed order), so
 engine and trainer must both use this set. Arithmetic is fp32; K/V may be fp32 or bf16 (read
