@@ -6,6 +6,16 @@ from __future__ import annotations
 import argparse
 
 
+def int_at_least_or_none(minimum: int):
+    """argparse type: an int >= ``minimum``, or ``none`` (any case) for None."""
+    parse_int = int_at_least(minimum)
+
+    def parse(text: str) -> int | None:
+        return None if text.strip().lower() == "none" else parse_int(text)
+
+    return parse
+
+
 def int_at_least(minimum: int):
     """argparse type: an int >= ``minimum``."""
 

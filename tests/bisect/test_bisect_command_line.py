@@ -41,10 +41,26 @@ def test_recorded_command_parses_back_to_the_same_config(config):
     assert repro.unexpressible_settings(config) == []
 
 
-def test_a_setting_without_a_flag_is_named_not_dropped_silently():
+def test_unchunked_prefill_is_spelled_none_and_parses_back():
     config = BisectConfig(model="tiny-qwen3", prefill_chunk=None, top_k=3)
-    assert repro.unexpressible_settings(config) == ["prefill_chunk=None"]
-    assert _parsed_back(repro.command_line(config)) == dataclasses.replace(config, prefill_chunk=4)
+    assert "--prefill-chunk none" in repro.command_line(config)
+    assert repro.unexpressible_settings(config) == []
+    assert _parsed_back(repro.command_line(config)) == config
+
+
+def test_a_setting_without_a_flag_is_named_not_dropped_silently():
+    config = BisectConfig(model="tiny-qwen3", top_k=3, max_num_seqs=None)  # no flag spells this None
+    assert repro.unexpressible_settings(config) == ["max_num_seqs=None"]
+    assert _parsed_back(repro.command_line(config)) == dataclasses.replace(config, max_num_seqs=4)
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "four"])
+def test_bad_prefill_chunk_is_one_clear_error(bad, capsys):
+    argv = ["bisect", "--model", "tiny-qwen3", "--rollout-kernels", "aligned", "--trainer-kernels", "aligned",
+            "--prefill-chunk", bad]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and "--prefill-chunk" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("seed", [-1, 2**63, 2**64])

@@ -185,16 +185,25 @@ def _non_default_settings(cfg) -> dict:
     }
 
 
+#: settings whose flag spells None as ``none`` (``--prefill-chunk none``: whole prompts per step)
+_NONE_SPELLED = {"prefill_chunk"}
+
+
 def unexpressible_settings(cfg) -> list[str]:
-    """Non-default settings no ``zm bisect`` flag can give (a ``prefill_chunk`` of None: the CLI
-    always chunks prefill); repro.json and the README name them next to the command."""
-    return [f"{name}=None" for name, value in _non_default_settings(cfg).items() if value is None]
+    """Non-default settings no ``zm bisect`` flag can give (a None other than ``--prefill-chunk
+    none``); repro.json and the README name them next to the command."""
+    return [
+        f"{name}=None"
+        for name, value in _non_default_settings(cfg).items()
+        if value is None and name not in _NONE_SPELLED
+    ]
 
 
 def command_line(cfg) -> str:
     """The ``zm bisect`` command that reruns this bisection: the required flags, the seed, and
     every other setting that differs from its ``BisectConfig`` default (each field's flag is its
-    name with dashes), except those of :func:`unexpressible_settings`."""
+    name with dashes; None spelled ``none`` where the flag takes it), except those of
+    :func:`unexpressible_settings`."""
     import shlex
 
     parts = ["zm bisect", f"--model {shlex.quote(cfg.model)}"]
@@ -202,7 +211,9 @@ def command_line(cfg) -> str:
     parts.append(f"--trainer-kernels {shlex.quote(cfg.trainer_label)}")
     parts.append(f"--seed {cfg.seed}")
     for name, value in _non_default_settings(cfg).items():
-        if value is not None:
+        if value is None and name in _NONE_SPELLED:
+            parts.append(f"--{name.replace('_', '-')} none")
+        elif value is not None:
             parts.append(f"--{name.replace('_', '-')} {shlex.quote(str(value))}")
     return " ".join(parts)
 

@@ -19,6 +19,7 @@ SEED_LIMIT = 2**63
 
 
 def register(sub) -> None:
+    from ..argtypes import int_at_least_or_none
     from ..bisect.driver import DTYPES, QUANTS
     from ..bisect.recorder import KERNEL_OPS
 
@@ -49,7 +50,10 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--logprobs-mode", choices=["processed", "raw"], default="processed")
     p.add_argument(
-        "--prefill-chunk", type=int, default=4, help="engine: max prompt tokens per request per step"
+        "--prefill-chunk",
+        type=int_at_least_or_none(1),
+        default=4,
+        help="engine: max prompt tokens per request per step; none = whole prompts in one step",
     )
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--max-num-batched-tokens", type=int, default=16)
