@@ -1,8 +1,8 @@
 """Benchmark cases for the sequence ops (attention, MoE, Mamba2), aligned vs default.
 
-The attention cases appear twice when a C compiler is available: ``attention_*`` with the
-pure-torch aligned set and ``attention_*_native`` with the aligned-native set (kernels/native)
-in the "aligned" column, each against the same default op.
+The attention and SSM-scan cases appear twice when a C compiler is available: ``attention_*``
+/ ``ssm_scan_*`` with the pure-torch aligned set and ``*_native`` with the aligned-native set
+(kernels/native) in the "aligned" column, each against the same default op.
 
 ``CASES`` follows ``benchmarks/timing.py``'s ``OpCase`` format; ``benchmarks/ops.py`` runs them.
 Run alone: ``python benchmarks/ops_sequence_cases.py [--quick] [--cpu-time] [--only REGEX]``.
@@ -204,15 +204,23 @@ def build_cases(quick: bool = False) -> list[OpCase]:
     cases += [_ssm_decode_case(b, f32) for b in ((1, 64) if quick else (1, 16, 64))]
     cases += [_conv_case([512], f32), _conv_case([1] * 64, f32)]
     native = _native_set()
-    if native is not None:  # the same attention cases, the aligned-native set against default
-        attention = [c for c in cases if c.name.startswith("attention_")]
-        cases += [_native_twin(c, native) for c in attention]
+    if native is not None:  # the same cases of the ops it replaces, the aligned-native set against default
+        cases += [_native_twin(c, native) for c in cases if c.name in _NATIVE_OPS]
     return cases
+
+
+#: benchmark op name -> the KernelSet op the aligned-native set implements natively
+_NATIVE_OPS = {
+    "attention_prefill": "attention",
+    "attention_decode": "paged_attention",
+    "ssm_scan_prefill": "ssm_scan",
+    "ssm_scan_decode": "ssm_scan",
+}
 
 
 def _native_twin(case: OpCase, native) -> OpCase:
     """``case`` with the aligned-native set's op in the "aligned" column (same inputs, same default)."""
-    run = native.attention if case.name == "attention_prefill" else native.paged_attention
+    run = getattr(native, _NATIVE_OPS[case.name])
     name = f"{case.name}{NATIVE_SUFFIX}"
     return OpCase(name, case.shape_desc, case.make_inputs, lambda a: run(*a), case.run_default)
 

@@ -26,7 +26,7 @@ What it does, on one set of weights:
    ``benchmarks/rollout.py``) in rotating order in this one process, with the same torch
    thread count; tokens/s = generated tokens / wall seconds, reported as per-system medians
    and their ratio engine-aligned ÷ vLLM (and engine-aligned-native ÷ vLLM, the aligned set with
-   its attention in a fixed-order C kernel, when a C compiler is present). Both sides return a
+   its attention and scan in fixed-order C, when a C compiler is present). Both sides return a
    logprob per sampled token;
 3. mismatch: the sampled tokens of the last vLLM repetition are rescored by our trainer
    (``compute_logprobs``: one packed no-cache forward, aligned kernels, raw log-softmax --
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine-aligned": lambda: time_engine(model, "aligned", prompts, args.new_tokens, args.temperature),
         "vllm": vllm_timer,
     }
-    native_not_run = native_unavailable_reason()  # the aligned-native set (C attention)
+    native_not_run = native_unavailable_reason()  # the aligned-native set (C attention + scan)
     if native_not_run:
         print(f"vllm_peer.py: engine-aligned-native not run: {native_not_run}", file=sys.stderr)
     else:

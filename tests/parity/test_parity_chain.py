@@ -187,7 +187,7 @@ def test_zm_parity_prints_exact_zeros_aligned_and_not_default(preset):
     assert first_mismatch(default_differs) is not None
 
 
-# ---- the aligned-native set (kernels/native: the aligned set with a fixed-order C attention) ----
+# ---- the aligned-native set (kernels/native: the aligned set with fixed-order C attention + scan) ----
 NATIVE = "aligned-native"
 
 

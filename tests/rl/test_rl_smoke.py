@@ -39,7 +39,7 @@ def test_aligned_stack_has_zero_mismatch_and_unit_is_weights_at_lag_0(tmp_path):
 
 
 def test_aligned_native_stack_has_zero_mismatch_at_lag(tmp_path):
-    """The RL loop on the aligned-native set (C attention on both sides), lagged: the kernel term
+    """The RL loop on the aligned-native set (C attention and scan on both sides), lagged: the kernel term
     of every step is exactly zero, as on the pure-torch aligned stack."""
     from zeromismatch.kernels.native import unavailable_reason
 

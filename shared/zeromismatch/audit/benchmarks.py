@@ -33,8 +33,8 @@ def _commit(data: Node) -> str:
 
 NATIVE_NOTE = (
     "Rows and systems named `*native*` run the aligned-native set (the aligned set with its attention "
-    "in a fixed-order C kernel, `kernels/native`; docs/parity.md) against the same default op; no "
-    "verdict uses them."
+    "and Mamba2 scan in fixed-order C, `kernels/native`; docs/parity.md) against the same default op; "
+    "no verdict uses them."
 )
 
 
@@ -91,7 +91,7 @@ def _rollout(data: Node, source: str) -> list[str]:
         )
     if data.has("ratio_aligned_native_over_default"):
         lines.append(
-            "| engine aligned-native ÷ default (C attention, kernels/native) | "
+            "| engine aligned-native ÷ default (C attention + scan, kernels/native) | "
             f"{data['ratio_aligned_native_over_default'].number():.2f} | "
             f"{ROLLOUT_TARGETS['aligned_over_default']} |"
         )
@@ -143,7 +143,7 @@ def _vllm(data: Node, source: str) -> list[str]:
         f"(aligned) {tps['engine-aligned'].number():.0f} tokens/s, ratio "
         f"{data['ratio_engine_aligned_over_vllm'].number():.2f}."
         + (
-            f" With the aligned-native set (C attention): {tps['engine-aligned-native'].number():.0f} "
+            f" With the aligned-native set (C attention + scan): {tps['engine-aligned-native'].number():.0f} "
             f"tokens/s, ratio {data['ratio_engine_aligned_native_over_vllm'].number():.2f}."
             if data.has("ratio_engine_aligned_native_over_vllm")
             else ""

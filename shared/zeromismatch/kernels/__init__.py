@@ -3,7 +3,7 @@
 ``get_kernels("aligned")`` is the batch-, phase- and layout-invariant CPU
 reference (pure torch); ``get_kernels("default")`` is the fastest stock torch
 path, as a performance-minded, unaligned stack runs it; ``get_kernels("aligned-native")``
-is the aligned set with its attention in a fixed-order C kernel (kernels/native). A GPU set registers
+is the aligned set with its attention and Mamba2 scan in fixed-order C (kernels/native). A GPU set registers
 itself under its own name when its extra is installed. See docs/parity.md.
 """
 
@@ -54,7 +54,7 @@ def _register_builtin() -> None:
 
 
 def _native_kernels() -> KernelSet:
-    """The aligned set with its attention in a fixed-order C kernel, compiled on first use
+    """The aligned set with its attention and Mamba2 scan in fixed-order C, compiled on first use
     (kernels/native); a missing compiler is one NativeBuildError naming it."""
     from .native import NativeKernels, _build
 

@@ -24,7 +24,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("attention.c")
+_HERE = Path(__file__).parent
+#: compiled together into one library; the header is part of the cache key
+SOURCES = (_HERE / "attention.c", _HERE / "ssm.c")
+HEADERS = (_HERE / "fixed_math.h",)
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
 REQUIRED_FLAGS = ("-ffp-contract=off", "-fno-fast-math")
@@ -82,14 +85,15 @@ def _compile(cc: list[str], flags: tuple[str, ...], path: Path) -> None:
             f"cannot write the native kernel cache {path.parent}: {err} "
             "(set ZEROMISMATCH_NATIVE_CACHE to a writable directory)"
         ) from err
-    cmd = [*cc, *flags, *REQUIRED_FLAGS, "-fopenmp", "-fPIC", "-shared", str(SOURCE), "-o", tmp, "-lm"]
+    sources = [str(source) for source in SOURCES]
+    cmd = [*cc, *flags, *REQUIRED_FLAGS, "-fopenmp", "-fPIC", "-shared", *sources, "-o", tmp, "-lm"]
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as err:
             raise NativeBuildError(f"running {cmd[0]} failed: {err}") from err
         if proc.returncode != 0:
-            raise NativeBuildError(f"compiling {SOURCE.name} failed ({' '.join(cmd)}):\n{proc.stderr}")
+            raise NativeBuildError(f"compiling the native kernels failed ({' '.join(cmd)}):\n{proc.stderr}")
         if os.path.getsize(tmp) == 0:
             raise NativeBuildError(f"{' '.join(cmd)} exited 0 but wrote no library")
         os.replace(tmp, path)
@@ -106,12 +110,16 @@ def _load(path: Path) -> ctypes.CDLL:
         ctypes.c_int,
     ]  # fmt: skip
     lib.zm_attention.restype = ctypes.c_int
+    f32 = ctypes.c_float
+    lib.zm_ssm_scan.argtypes = [p] * 12 + [i64] * 5 + [f32, f32, ctypes.c_int]
+    lib.zm_ssm_scan.restype = ctypes.c_int
     return lib
 
 
 def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
-    """The compiled attention library for ``flags`` (default ``build_flags``; REQUIRED_FLAGS are
-    always appended), built on first use, then cached on disk and in this process."""
+    """The compiled native library (attention and SSM scan) for ``flags`` (default
+    ``build_flags``; REQUIRED_FLAGS are always appended), built on first use, then cached on disk
+    and in this process."""
     flags = tuple(build_flags if flags is None else flags)
     bad = [f for f in flags if f.startswith(_FORBIDDEN_PREFIXES)]
     if bad:
@@ -127,19 +135,24 @@ def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
             raise NativeBuildError(f"{' '.join(cc)} --version failed: {err}") from err
         key = hashlib.sha256(
             b"\0".join(
-                [SOURCE.read_bytes(), version.encode(), " ".join(flags).encode(), _cpu_fingerprint().encode()]
+                [
+                    *(path.read_bytes() for path in (*SOURCES, *HEADERS)),
+                    version.encode(),
+                    " ".join(flags).encode(),
+                    _cpu_fingerprint().encode(),
+                ]
             )
         ).hexdigest()[:16]
-        path = cache_dir() / key / "attention.so"
+        path = cache_dir() / key / "zm_native.so"
         if not path.exists():
             _compile(cc, flags, path)
         try:
             lib = _load(path)
-        except OSError:  # a damaged cache entry: build it again, once
+        except (OSError, AttributeError):  # a damaged cache entry (or a missing symbol): build it again, once
             _compile(cc, flags, path)
             try:
                 lib = _load(path)
-            except OSError as err:
+            except (OSError, AttributeError) as err:
                 raise NativeBuildError(f"loading {path} failed: {err}") from err
         _loaded[flags] = lib
         return lib

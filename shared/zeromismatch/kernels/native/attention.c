@@ -28,45 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16
-
-/* GCC/clang vector of 16 floats; on targets without 512-bit registers the compiler splits it,
- * which changes no bits (lanes are independent). aligned(4): rows need no alignment. */
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-
-/* exp(x) for x <= 0 (x = score - max), within 1.22 ulp over (-87, 0] (measured over every
- * float); exactly 0 at x <= -87 (true values below 1.7e-38) and at -inf; nan stays nan.
- * Cody-Waite reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-7 Taylor polynomial in
- * Horner form, scaled by 2^n through the exponent bits. Pure mul/add/compare: vectorizable
- * and the same bits in every lane. */
-static inline float zm_exp(float x) {
-    if (x != x) return x;            /* nan: a nan score must reach the output, as in torch */
-    if (!(x > -87.0f)) return 0.0f; /* also -inf (masked keys) */
-    /* round to nearest even by the 1.5 * 2^23 trick (|x * log2 e| < 2^22 here) */
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t e = (int32_t)n + 127;
-    uint32_t bits = (uint32_t)e << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+#include "fixed_math.h"
 
 /* elements [d, d + n) of a row (n <= LANES) as fp32, zeros after n */
 static inline v16 chunk(const void *row, int bf16, int64_t d, int64_t n) {
@@ -80,17 +42,6 @@ static inline v16 chunk(const void *row, int bf16, int64_t d, int64_t n) {
         memcpy(&x, (const float *)row + d, sizeof(float) * n);
     }
     return x;
-}
-
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-typedef float v4 __attribute__((vector_size(16), aligned(4)));
-
-static inline float lanes_tree(v16 a) {
-    const v8 a8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7)
-                  + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
-    const v4 a4 = __builtin_shufflevector(a8, a8, 0, 1, 2, 3) + __builtin_shufflevector(a8, a8, 4, 5, 6, 7);
-    const float a0 = a4[0] + a4[2], a1 = a4[1] + a4[3];
-    return a0 + a1;
 }
 
 /* the dot product of the header: 16 strided lane sums, then the fixed tree */

@@ -1,0 +1,118 @@
+"""Native Mamba2 selective scan: the aligned recurrence in C, one thread per (sequence, head).
+
+The pure-torch aligned scan (``kernels/aligned/ssm.py``) already runs the recurrence in one
+order for every phase, but as a handful of torch ops per token, so a 512-token prefill is
+thousands of small calls. ``ssm.c`` runs the same recurrence -- ``h = (h * exp(dt A)) +
+((dt B) x)``, ``y = h . C + D x`` -- token by token with the state in cache, every value one
+fixed sequence of IEEE operations (its header states them; the readout sums in 16 strided lanes
+and a fixed tree, ``exp``/``log`` are fixed polynomials), so one call over a sequence, any split
+of it carrying the state, and single decode steps give identical bits, by construction.
+
+Its bits differ from the pure-torch scan's (another readout order and other exp/log), so engine
+and trainer must both run this set. Arithmetic and the returned state are fp32; y comes back in
+x's dtype. The backward recomputes the pure-torch aligned scan's gradient (gradients need no
+bitwise parity). CPU only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..aligned import ssm as aligned_ssm
+from . import _build
+
+
+def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit) -> tuple[torch.Tensor, torch.Tensor]:
+    tensors = [t for t in (x, dt, A, B, C, D, dt_bias, ssm_state) if t is not None]
+    if any(t.device.type != "cpu" for t in tensors):
+        raise ValueError("the aligned-native kernels run on the CPU only (scan inputs must be CPU tensors)")
+    total, heads, head_dim = x.shape
+    groups, n_state = B.shape[1], B.shape[2]
+    num_seqs = cu.numel() - 1
+    starts = cu[:-1].to(torch.int64).contiguous()
+    lens = (cu[1:] - cu[:-1]).to(torch.int64).contiguous()
+
+    def f32(t):
+        return t.detach().to(torch.float32).contiguous()
+
+    x32, dt32, a32, b32, c32, d32, bias32 = (f32(t) for t in (x, dt, A, B, C, D, dt_bias))
+    state_in = None if ssm_state is None else f32(ssm_state)
+    state_out = torch.empty(num_seqs, heads, head_dim, n_state, dtype=torch.float32)
+    y = torch.empty(total, heads, head_dim, dtype=torch.float32)
+    status = _build.library().zm_ssm_scan(
+        x32.data_ptr(),
+        dt32.data_ptr(),
+        a32.data_ptr(),
+        b32.data_ptr(),
+        c32.data_ptr(),
+        d32.data_ptr(),
+        bias32.data_ptr(),
+        starts.data_ptr(),
+        lens.data_ptr(),
+        None if state_in is None else state_in.data_ptr(),
+        state_out.data_ptr(),
+        y.data_ptr(),
+        num_seqs,
+        heads,
+        head_dim,
+        groups,
+        n_state,
+        float(dt_limit[0]),
+        float(dt_limit[1]),
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise MemoryError("aligned-native ssm_scan could not allocate its scratch memory")
+    return (y if x.dtype == torch.float32 else y.to(x.dtype)), state_out
+
+
+class _WithAlignedBackward(torch.autograd.Function):
+    """Forward: the native scan. Backward: the pure-torch aligned scan's gradient, recomputed."""
+
+    @staticmethod
+    def forward(ctx, forward_fn, reference_fn, *inputs):
+        ctx.reference_fn = reference_fn
+        ctx.save_for_backward(*inputs)
+        return forward_fn()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y, grad_state):
+        inputs = ctx.saved_tensors
+        with torch.enable_grad():
+            detached = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad[2:])]
+            y, state = ctx.reference_fn(*detached)
+            wanted = [t for t in detached if t.requires_grad]
+            pairs = [(out, g) for out, g in ((y, grad_y), (state, grad_state)) if g is not None]
+            grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs]))
+        return (None, None, *(next(grads) if t.requires_grad else None for t in detached))
+
+
+def ssm_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    ssm_state: torch.Tensor | None = None,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba2 selective scan in recurrent order, in C (see module docstring)."""
+    cu = aligned_ssm.check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state)
+    inputs = (x, dt, A, B, C, D, dt_bias) + (() if ssm_state is None else (ssm_state,))
+
+    def forward():
+        return _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit)
+
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return forward()
+
+    def reference(*tensors):
+        state = tensors[7] if len(tensors) > 7 else None
+        return aligned_ssm.ssm_scan(*tensors[:7], cu_seqlens, state, dt_limit)
+
+    return _WithAlignedBackward.apply(forward, reference, *inputs)
