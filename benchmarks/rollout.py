@@ -77,14 +77,22 @@ def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: floa
 
 
 def build_hf_model(model, dtype: torch.dtype):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The transformers model of the same weights: our checkpoint written with ``save_pretrained``
+    and read back by ``from_pretrained`` (so transformers applies its own checkpoint-key
+    conversions, e.g. Nemotron-H's ``backbone.`` prefix and per-expert weights), with every
+    checkpoint tensor required to load."""
+    import tempfile
 
-    hf_dict = model.config.to_hf_dict()
-    config = AutoConfig.for_model(**hf_dict)
-    hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    missing, unexpected = hf.load_state_dict(model.state_dict_hf(), strict=False)
+    from transformers import AutoModelForCausalLM
+
+    from zeromismatch.models.loader import save_pretrained
+
+    with tempfile.TemporaryDirectory() as checkpoint:
+        save_pretrained(model, checkpoint)
+        hf, info = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype, output_loading_info=True)
     # rotary inv_freq buffers are recomputed by transformers and not part of the checkpoint
-    missing = [m for m in missing if "rotary_emb" not in m]
+    missing = [m for m in info["missing_keys"] if "rotary_emb" not in m]
+    unexpected = list(info["unexpected_keys"])
     if missing or unexpected:
         raise ValueError(
             f"HF model does not match the state dict: missing {missing}, unexpected {unexpected}"
