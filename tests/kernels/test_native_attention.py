@@ -133,6 +133,9 @@ def test_thread_count_and_views_do_not_change_bits():
         two = NATIVE.attention(q, k, v, cu, cu, 0.125)
     assert torch.equal(one, two)
     assert torch.equal(one, NATIVE.attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, 0.125))
+    # a lazily negated view (storage holds the un-negated values) is read as its values
+    lazy_k = torch._neg_view(-k.contiguous())  # values k, contiguous storage holding -k
+    assert lazy_k.is_neg() and torch.equal(NATIVE.attention(q, lazy_k, v, cu, cu, 0.125), one)
 
 
 def test_O0_build_gives_the_same_bits(monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_helpers import torch_threads
 
 from zeromismatch.kernels import get_kernels
 from zeromismatch.kernels.native import _build
@@ -78,12 +79,20 @@ def test_whole_split_and_steps_are_bitwise_equal(
     assert torch.equal(torch.cat(steps), y) and torch.equal(s, state)
 
 
-def test_other_sequences_in_the_call_change_nothing():
+def test_other_sequences_threads_and_views_change_nothing():
     gen = torch.Generator().manual_seed(1)
     inp = _inputs(gen, 30, 4, 8, 2, 16)
-    y, state = _scan(NATIVE, inp, [10, 20])
+    with torch_threads(1):
+        y, state = _scan(NATIVE, inp, [10, 0, 20])  # an empty sequence in between
+    with torch_threads(2):
+        assert all(torch.equal(a, b) for a, b in zip(_scan(NATIVE, inp, [10, 0, 20]), (y, state)))
     y_alone, state_alone = _scan(NATIVE, _rows(inp, 10, 30), [20])
-    assert torch.equal(y[10:], y_alone) and torch.equal(state[1:], state_alone)
+    assert torch.equal(y[10:], y_alone) and torch.equal(state[2:], state_alone)
+    assert not state[1].any()  # the empty sequence keeps its (zero) initial state
+    # a lazily negated view (its storage holds the un-negated values) is read as its values
+    lazy_a = torch._neg_view(-inp["A"])  # values A, contiguous storage holding -A
+    assert lazy_a.is_neg() and lazy_a.is_contiguous() and torch.equal(lazy_a, inp["A"])
+    assert torch.equal(_scan(NATIVE, {**inp, "A": lazy_a}, [10, 0, 20])[0], y)
 
 
 def test_O0_build_gives_the_same_bits(monkeypatch):
@@ -141,6 +150,33 @@ def test_gradients_match_float64():
     assert (state.grad[0].double() - state_ref.grad).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize("needs_grad", [("D",), ("C",), ("C", "D"), ("x",), ("state",), ("dt", "A", "B")])
+@pytest.mark.parametrize("loss_on", ["y", "state", "both"])
+def test_gradients_of_any_subset_of_inputs_equal_the_aligned_ones(needs_grad, loss_on):
+    gen = torch.Generator().manual_seed(6)
+    inp = _inputs(gen, 6, 2, 3, 1, 4)
+    start = torch.randn(1, 2, 3, 4, generator=gen)
+
+    def grads(kernels):
+        tensors = {k: v.clone().requires_grad_(k in needs_grad) for k, v in inp.items()}
+        state = start.clone().requires_grad_("state" in needs_grad)
+        y, final = _scan(kernels, tensors, [6], state)
+        loss = {"y": y.square().sum(), "state": final.sum(), "both": y.square().sum() + final.sum()}[loss_on]
+        if not loss.requires_grad:  # e.g. the final state does not depend on C or D
+            return None
+        loss.backward()
+        return [t.grad for t in (*tensors.values(), state)]
+
+    native, aligned = grads(NATIVE), grads(ALIGNED)
+    if aligned is None:  # native's outputs still carry a grad_fn; its gradients must all be None
+        assert native is None or all(g is None for g in native)
+        return
+    for a, b in zip(native, aligned):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert (a - b).abs().max() < 1e-4 * max(1.0, b.abs().max())
+
+
 def test_edge_inputs():
     gen = torch.Generator().manual_seed(5)
     inp = _inputs(gen, 4, 2, 3, 1, 5)
@@ -148,6 +184,17 @@ def test_edge_inputs():
     y, _ = _scan(NATIVE, inp, [4])
     y_aligned, _ = _scan(ALIGNED, inp, [4])
     assert torch.equal(y.isnan(), y_aligned.isnan()) and y[1:, 0].isnan().all()
+    # a positive decay exponent up to the fp32 limit stays finite (exp(88.5) ~ 2.7e38)
+    big = {**inp, "A": torch.ones(2), "dt": torch.full((4, 2), 88.5), "dt_bias": torch.zeros(2)}
+    y_big, _ = _scan(NATIVE, _rows(big, 0, 1), [1])
+    assert torch.isfinite(y_big).all()
+    # a nan clamp bound gives nan, as torch.clamp does
+    assert _scan(NATIVE, inp, [4], dt_limit=(float("nan"), 1.0))[0].isnan().all()
+    assert _scan(ALIGNED, inp, [4], dt_limit=(float("nan"), 1.0))[0].isnan().all()
+    with pytest.raises(ValueError, match="dt_limit"):
+        _scan(NATIVE, inp, [4], dt_limit=(0.0,))
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        NATIVE.ssm_scan(**inp, cu_seqlens=[0, 4])
     with pytest.raises(ValueError, match="ssm_state must be"):
         _scan(NATIVE, inp, [4], torch.zeros(1, 2, 3, 4))
     with pytest.raises(ValueError, match="CPU only"):

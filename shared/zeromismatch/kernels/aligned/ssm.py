@@ -56,6 +56,8 @@ def stable_softplus(x: torch.Tensor) -> torch.Tensor:
 
 
 def _check_cu(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.is_floating_point():
+        raise TypeError(f"cu_seqlens must be an integer tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError("cu_seqlens must be a 1-D offsets tensor [S+1] with S >= 1")
     cu = cu_seqlens.to(torch.int64)
@@ -157,7 +159,8 @@ def check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state) -> torch.Tenso
     for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
         if t.shape != (heads,):
             raise ValueError(f"{name} must be [Hs={heads}], got {tuple(t.shape)}")
-    if B.dim() != 3 or B.shape != C.shape or B.shape[0] != total or heads % B.shape[1] != 0:
+    groups_ok = B.dim() == 3 and B.shape[1] > 0 and heads % B.shape[1] == 0
+    if not groups_ok or B.shape != C.shape or B.shape[0] != total:
         raise ValueError(
             f"B and C must be [T, G, N] with Hs % G == 0; got {tuple(B.shape)}, {tuple(C.shape)}"
         )
@@ -165,6 +168,11 @@ def check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state) -> torch.Tenso
     if ssm_state is not None and ssm_state.shape != (cu.numel() - 1, heads, head_dim, B.shape[2]):
         raise ValueError(f"ssm_state must be [S, Hs, P, N], got {tuple(ssm_state.shape)}")
     return cu
+
+
+def check_dt_limit(dt_limit) -> None:
+    if not isinstance(dt_limit, tuple | list) or len(dt_limit) != 2:
+        raise ValueError(f"dt_limit must be a (low, high) pair, got {dt_limit!r}")
 
 
 def ssm_scan(
@@ -181,6 +189,7 @@ def ssm_scan(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba2 selective scan in recurrent order (see module docstring)."""
     cu = check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state)
+    check_dt_limit(dt_limit)
     num_seqs = cu.numel() - 1
     _, heads, head_dim = x.shape
     groups, state_size = B.shape[1], B.shape[2]

@@ -60,10 +60,12 @@ def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, 
         raise ValueError("the aligned-native kernels run on the CPU only (q, k and v must be CPU tensors)")
     tq, hq, dqk = q.shape
     dv = v_rows.shape[1] // hkv
-    # the kernel reads fp32 or bf16 in place; other dtypes become fp32 (exact from fp16)
+    # the kernel reads fp32 or bf16 in place (raw pointers: contiguous, and a lazily negated view
+    # resolved, since it shares its storage un-negated); other dtypes become fp32 (exact from fp16)
+    k_rows, v_rows, q = (t.resolve_neg().resolve_conj() for t in (k_rows, v_rows, q))
     k_rows = (k_rows if k_rows.dtype in _IN_PLACE_KV else k_rows.float()).contiguous()
     v_rows = (v_rows if v_rows.dtype in _IN_PLACE_KV else v_rows.float()).contiguous()
-    # .contiguous(): the kernel reads raw pointers (``to(memory_format=...)`` keeps a strided fp32 view)
+    # .contiguous(): ``to(memory_format=...)`` would keep a strided fp32 view
     q32 = q.detach().to(torch.float32).contiguous()
     out = torch.empty(tq, hq, dv, dtype=torch.float32)
     if tq == 0:

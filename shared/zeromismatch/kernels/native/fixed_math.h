@@ -8,6 +8,15 @@
 #include <stdint.h>
 #include <string.h>
 
+/* the bit-for-bit argument needs every float operation rounded to fp32 once (no x87 extended
+ * precision) and no fast-math rewriting; refuse to compile otherwise */
+#if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
+#error "native kernels need FLT_EVAL_METHOD 0 (e.g. SSE math, not -mfpmath=387)"
+#endif
+#if defined(__FAST_MATH__) || defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "native kernels must not be built with fast-math"
+#endif
+
 #define LANES 16
 
 /* GCC/clang vector of 16 floats; on targets without 512-bit registers the compiler splits it,
@@ -26,7 +35,8 @@ static inline float lanes_tree(v16 a) {
     return a0 + a1;
 }
 
-/* exp(x) for x <= 0 (x = score - max), within 1.22 ulp over (-87, 0] (measured over every
+/* exp(x) for -87 < x <= 88 (attention calls it with score - max <= 0; the scan's softplus and
+ * decay with larger x), within 1.22 ulp over (-87, 0] and 1.12 ulp up to 88 (measured over every
  * float); exactly 0 at x <= -87 (true values below 1.7e-38) and at -inf; nan stays nan.
  * Cody-Waite reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-7 Taylor polynomial in
  * Horner form, scaled by 2^n through the exponent bits. Pure mul/add/compare: vectorizable

@@ -14,7 +14,8 @@
  *
  * softplus(v) = v > 20 ? v : log1p(zm_exp(v)), with log1p(u) = log(1+u) * u / ((1+u) - 1)
  * (exactly u where 1 + u rounds to 1), as kernels/aligned/ssm.py::stable_softplus, and
- * log = zm_log below.
+ * log = zm_log below; unlike torch's exp, zm_exp flushes to 0 below v = -87 (softplus values
+ * under 1.7e-38, which torch still returns as subnormals).
  *
  * Layouts (all fp32, contiguous): x [T, Hs, P], dt [T, Hs], A, D, dt_bias [Hs], B and C
  * [T, G, N]; sequence s is rows start[s] .. start[s]+len[s]-1; state_in (or NULL for zeros)
@@ -27,8 +28,12 @@
 
 #include "fixed_math.h"
 
-/* exp for any x: zm_exp, and +inf above 88 (zm_exp's exponent field would overflow) */
-static inline float exp_any(float x) { return x > 88.0f ? INFINITY : zm_exp(x); }
+/* exp for any x: zm_exp up to 88; above, zm_exp(x - ln 2) * 2 (zm_exp's exponent field would
+ * overflow at 2^128) up to the fp32 limit 88.72, then +inf. Flushes to 0 at x <= -87 as zm_exp. */
+static inline float exp_any(float x) {
+    if (!(x > 88.0f)) return zm_exp(x);
+    return x > 88.7228391f ? INFINITY : zm_exp(x - 0.693147181f) * 2.0f;
+}
 
 /* log(y) for finite y >= 1 (1 + u here): y = m * 2^e with m in [sqrt(1/2), sqrt(2)), then
  * log m = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.172, odd series to s^11 in Horner form, and
@@ -103,8 +108,10 @@ int zm_ssm_scan(const float *x, const float *dt, const float *A, const float *B,
                 memset(st, 0, sizeof(float) * state_numel);
             for (int64_t t = start[s]; t < start[s] + len[s]; t++) {
                 float d = softplus(dt[t * heads + h] + dt_bias[h]);
-                d = d < dt_lo ? dt_lo : d; /* torch.clamp(min, max): a nan stays nan */
+                /* torch.clamp(min, max): a nan value or a nan bound gives nan */
+                d = d < dt_lo ? dt_lo : d;
                 d = d > dt_hi ? dt_hi : d;
+                if (dt_lo != dt_lo || dt_hi != dt_hi) d = NAN;
                 const float decay = exp_any(d * A[h]);
                 const float *b = B + (t * groups + g) * n_state, *c = C + (t * groups + g) * n_state;
                 for (int64_t n = 0; n < n_state; n++) d_b[n] = d * b[n];

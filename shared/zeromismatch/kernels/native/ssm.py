@@ -34,7 +34,8 @@ def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit) -> tuple[torch
     lens = (cu[1:] - cu[:-1]).to(torch.int64).contiguous()
 
     def f32(t):
-        return t.detach().to(torch.float32).contiguous()
+        # resolve_neg/conj: a lazily negated view shares its storage un-negated; C reads raw memory
+        return t.detach().resolve_neg().resolve_conj().to(torch.float32).contiguous()
 
     x32, dt32, a32, b32, c32, d32, bias32 = (f32(t) for t in (x, dt, A, B, C, D, dt_bias))
     state_in = None if ssm_state is None else f32(ssm_state)
@@ -73,6 +74,7 @@ class _WithAlignedBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, forward_fn, reference_fn, *inputs):
         ctx.reference_fn = reference_fn
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
         ctx.save_for_backward(*inputs)
         return forward_fn()
 
@@ -84,8 +86,16 @@ class _WithAlignedBackward(torch.autograd.Function):
             detached = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad[2:])]
             y, state = ctx.reference_fn(*detached)
             wanted = [t for t in detached if t.requires_grad]
-            pairs = [(out, g) for out, g in ((y, grad_y), (state, grad_state)) if g is not None]
-            grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs]))
+            # only outputs with an incoming gradient that depend on a wanted input (the final state
+            # does not depend on C or D)
+            outputs = ((y, grad_y), (state, grad_state))
+            pairs = [(o, g) for o, g in outputs if g is not None and o.requires_grad]
+            grads = (
+                torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                if pairs
+                else [None] * len(wanted)
+            )
+        grads = iter(grads)
         return (None, None, *(next(grads) if t.requires_grad else None for t in detached))
 
 
@@ -103,6 +113,7 @@ def ssm_scan(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba2 selective scan in recurrent order, in C (see module docstring)."""
     cu = aligned_ssm.check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state)
+    aligned_ssm.check_dt_limit(dt_limit)
     inputs = (x, dt, A, B, C, D, dt_bias) + (() if ssm_state is None else (ssm_state,))
 
     def forward():
