@@ -3,7 +3,8 @@ while the high-performance baseline's train-inference KL grows (2e-3 -> 29.9).
 
 Mini stand-in: tiny-deepseek-v3 (MLA attention, shared + routed experts, first-k dense
 layers) trained from scratch on the arithmetic env for 101 steps, once on the aligned
-stack and once on the default (fast, unaligned) kernels on both sides.
+stack and once on the default (fast, unaligned) kernels on both sides; a third arm runs the
+aligned-native set (attention in fixed-order C), which must keep the zero diff too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def mini() -> list[Arm]:
     return [
         Arm("aligned", _base(kernels="aligned"), "aligned kernels on engine and trainer"),
         Arm("default", _base(kernels="default"), "stock fast kernels on both sides (the baseline)"),
+        Arm(
+            "aligned_native",
+            _base(kernels="aligned-native"),
+            "the aligned set with attention and scan in fixed-order C (kernels/native) on both sides",
+        ),
     ]
 
 
@@ -49,11 +55,12 @@ def invariances(scale_dir: Path) -> None:
     """Add the three invariance measurements (max |rollout − trainer| logprob) to each arm."""
     from zeromismatch.commands.parity import run_parity
 
-    for arm in ("aligned", "default"):
+    kernel_sets = {"aligned": "aligned", "default": "default", "aligned_native": "aligned-native"}
+    for arm, kernels in kernel_sets.items():
         if not (scale_dir / arm / "summary.json").exists():
             continue
         values = {
-            key: run_parity("tiny-deepseek-v3", kernels=arm, seed=0, num_prompts=6, max_tokens=8,
+            key: run_parity("tiny-deepseek-v3", kernels=kernels, seed=0, num_prompts=6, max_tokens=8,
                             temperature=1.0, **options)["diff_max"]
             for key, options in INVARIANCE_RUNS.items()
         }  # fmt: skip
