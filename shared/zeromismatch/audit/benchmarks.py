@@ -84,28 +84,21 @@ def _rollout(data: Node, source: str) -> list[str]:
     tokens_per_s = data.get("median_tokens_per_s", {}).items()
     lines += [f"| {name} | {value.number():.0f} |" for name, value in tokens_per_s]
     lines += ["", "| ratio | measured | target |", "|---|---:|---:|"]
-    if data.has("ratio_aligned_over_default"):
-        lines.append(
-            f"| engine aligned ÷ default | {data['ratio_aligned_over_default'].number():.2f} | "
-            f"{ROLLOUT_TARGETS['aligned_over_default']} |"
-        )
-    if data.has("ratio_aligned_native_over_default"):
-        lines.append(
-            "| engine aligned-native ÷ default (C attention + scan, kernels/native) | "
-            f"{data['ratio_aligned_native_over_default'].number():.2f} | "
-            f"{ROLLOUT_TARGETS['aligned_over_default']} |"
-        )
-    if data.has("ratio_engine_aligned_over_hf"):
-        lines.append(
-            f"| engine aligned ÷ HF `generate` | {data['ratio_engine_aligned_over_hf'].number():.2f} | "
-            f"{ROLLOUT_TARGETS['engine_over_hf']} |"
-        )
-    if data.has("ratio_engine_aligned_native_over_hf"):
-        lines.append(
-            "| engine aligned-native ÷ HF `generate` | "
-            f"{data['ratio_engine_aligned_native_over_hf'].number():.2f} | "
-            f"{ROLLOUT_TARGETS['engine_over_hf']} |"
-        )
+    rows = (  # (label, key in rollout.json, target)
+        ("engine aligned ÷ default", "ratio_aligned_over_default", "aligned_over_default"),
+        (
+            "engine aligned-native ÷ default (C attention + scan, kernels/native)",
+            "ratio_aligned_native_over_default",
+            "aligned_over_default",
+        ),
+        ("engine aligned ÷ HF `generate`", "ratio_engine_aligned_over_hf", "engine_over_hf"),
+        ("engine aligned-native ÷ HF `generate`", "ratio_engine_aligned_native_over_hf", "engine_over_hf"),
+    )
+    lines += [
+        f"| {label} | {data[key].number():.2f} | {ROLLOUT_TARGETS[target]} |"
+        for label, key, target in rows
+        if data.has(key)
+    ]
     if data.has("ratio_aligned_native_over_default"):
         lines += ["", NATIVE_NOTE]
     return lines + _native_not_run(data)
