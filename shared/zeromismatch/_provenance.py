@@ -92,10 +92,16 @@ def hardware() -> dict[str, object]:
 
 
 def numerics() -> dict[str, object]:
-    """Process-wide switches that change which kernels run (and so, possibly, the bits)."""
+    """Process-wide switches that change which kernels run (and so, possibly, the bits), and the
+    native kernel builds this process loaded (compiler, flags), if any."""
     from .kernels.aligned.gemm import gemm_tile_rows
+    from .kernels.native._build import loaded_builds
 
-    return {"gemm_tile_rows": gemm_tile_rows()}
+    info: dict[str, object] = {"gemm_tile_rows": gemm_tile_rows()}
+    builds = loaded_builds()
+    if builds:
+        info["native_builds"] = builds
+    return info
 
 
 def config_hash(config: object) -> str:

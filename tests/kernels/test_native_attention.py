@@ -268,3 +268,11 @@ def test_missing_compiler_is_one_clear_error(monkeypatch, tmp_path):
     with pytest.raises(_build.NativeBuildError, match="wrote no library"):
         _build.library()
     assert not list(tmp_path.rglob("*.so"))  # no empty library cached, no temp file left
+
+
+def test_run_provenance_names_the_native_build():
+    from zeromismatch._provenance import provenance
+
+    NATIVE.attention(*(torch.randn(3, 2, 4) for _ in range(3)), _cu([3]), _cu([3]), 0.5)  # loads it
+    builds = provenance()["numerics"]["native_builds"]
+    assert any("-ffp-contract=off -fno-fast-math" in b["flags"] and b["compiler"] for b in builds)

@@ -5,7 +5,8 @@ The shared library is built once per (source, compiler, flags, CPU) into
 writes to a temporary file and renames it into place, so concurrent processes never load a
 half-written library. ``-march=native`` only widens the SIMD lanes: the sources fix every
 rounding step and ``-ffp-contract=off`` forbids fused multiply-adds, so the bits do not depend on
-it (tests/kernels/test_native_attention.py compares an ``-O0`` SSE2 build against it).
+it (tests/kernels/test_native_attention.py compares an ``-O0`` SSE2 build against it), and
+fixed_math.h refuses to compile for x87 math or under fast-math.
 
 ``$CC`` picks the compiler (default ``cc``; split like a shell word list, so ``ccache gcc``
 works); it needs OpenMP (``-fopenmp``).
@@ -42,6 +43,8 @@ class NativeBuildError(RuntimeError):
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, ...], ctypes.CDLL] = {}
+#: what each loaded library was built with, for run provenance (``loaded_builds``)
+_build_info: dict[tuple[str, ...], dict[str, str]] = {}
 #: the flags ``library()`` builds with when none are given (tests swap in an ``-O0`` build)
 build_flags: tuple[str, ...] = DEFAULT_FLAGS
 
@@ -155,7 +158,17 @@ def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
             except (OSError, AttributeError) as err:
                 raise NativeBuildError(f"loading {path} failed: {err}") from err
         _loaded[flags] = lib
+        _build_info[flags] = {
+            "compiler": version.splitlines()[0] if version else " ".join(cc),
+            "flags": " ".join((*flags, *REQUIRED_FLAGS)),
+            "cache_key": key,
+        }
         return lib
+
+
+def loaded_builds() -> list[dict[str, str]]:
+    """The native libraries this process has loaded: compiler, flags, cache key (provenance)."""
+    return [dict(info) for info in _build_info.values()]
 
 
 def unavailable_reason() -> str | None:
