@@ -126,3 +126,13 @@ def provenance(config: object | None = None, argv: list[str] | None = None) -> d
         "numerics": numerics(),
         "config_hash": config_hash(config) if config is not None else None,
     }
+
+
+def run_provenance(config) -> dict:
+    """``provenance`` of an RL run: its kernel sets are resolved first, so a native set's build
+    (compiler, flags) is loaded and recorded under ``numerics`` even before the run uses it."""
+    from .kernels import get_kernels
+
+    for name in {config.kernels, config.engine_kernels}:
+        get_kernels(name)
+    return provenance(config.to_dict())

@@ -51,6 +51,8 @@ def test_aligned_native_stack_has_zero_mismatch_at_lag(tmp_path):
     for record in read_metrics(tmp_path / "run"):
         assert record["diff_max"] == 0.0 and record["k3_kl"] == 0.0, record
         assert record["gap_kernel_abs_max"] == 0.0
+    provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert provenance["numerics"]["native_builds"]  # the compiler and flags behind these bits
 
 
 def test_default_rollout_kernels_show_mismatch(tmp_path):

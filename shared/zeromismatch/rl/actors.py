@@ -120,7 +120,7 @@ class RayRun(Run):
         _check_cluster_cpus()
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.out / "config.json", c.to_dict())
-        atomic_write_json(self.out / "provenance.json", _provenance.provenance(c.to_dict()))
+        atomic_write_json(self.out / "provenance.json", _provenance.run_provenance(c))
         self._truncate_metrics(0)
         rollout = ray.remote(num_cpus=1)(_RolloutActor).remote(c.to_dict(), threads_per_actor)
         learner = ray.remote(num_cpus=1)(_LearnerActor).remote(c.to_dict(), threads_per_actor)

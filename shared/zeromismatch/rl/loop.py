@@ -237,7 +237,7 @@ class Run:
             if saved != c.to_dict():
                 raise ValueError(f"{config_path} differs from the config given; resume needs the same config")
         atomic_write_json(config_path, c.to_dict())
-        atomic_write_json(self.out / "provenance.json", _provenance.provenance(c.to_dict()))
+        atomic_write_json(self.out / "provenance.json", _provenance.run_provenance(c))
 
         learner = Learner(c)
         history = WeightHistory()
