@@ -42,6 +42,8 @@ BENCH_OUT := results/reproduced/benchmarks
 bench: venv
 	$(PY) benchmarks/ops.py --threads 1 --out $(BENCH_OUT)/ops.json
 	$(PY) benchmarks/rollout.py --out $(BENCH_OUT)/rollout.json
+	for preset in tiny-qwen3-moe tiny-deepseek-v3 tiny-nemotron-h; do \
+	  $(PY) benchmarks/rollout.py --model $$preset --out $(BENCH_OUT)/rollout_$$preset.json || exit 1; done
 	$(PY) benchmarks/async.py --out $(BENCH_OUT)/async.json
 
 # optional: a real vLLM (the third-party CPU build) in its own venv, never in CI or `make test`

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from zeromismatch.audit.benchmarks import PRESET_ROLLOUTS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("learnability", ["scripts/learnability.py", *quiet]))
     if not args.no_benchmarks and args.only is None:
         b = ROOT / "results" / "reproduced" / "benchmarks"
+        per_preset = [
+            (f"benchmark rollout {preset}", ["--model", preset, "--out", str(b / f"rollout_{preset}.json")])
+            for preset in PRESET_ROLLOUTS
+        ]
         steps += [
             ("benchmark rollout", ["benchmarks/rollout.py", "--out", str(b / "rollout.json"), *quiet]),
+            *((name, ["benchmarks/rollout.py", *args_, *quiet]) for name, args_ in per_preset),
             ("benchmark async", ["benchmarks/async.py", "--out", str(b / "async.json"), *quiet]),
             ("benchmark ops", ["benchmarks/ops.py", "--threads", "1", "--out", str(b / "ops.json"), *quiet]),
         ]

@@ -181,10 +181,54 @@ def benchmark_lines(results_root: Path) -> list[str]:
         data = Node.load(path, "benchmark file")
         data.obj()
         lines += ["", *render(data, f"reproduced/benchmarks/{name}")]
+    lines += _rollout_by_preset(bench_dir)
     if absent:
         lines.append("")
         lines += [f"- not run: `reproduced/benchmarks/{name}` (run: `{COMMANDS[name]}`)" for name in absent]
     return ["", HEADING, *lines]
+
+
+#: the other tiny presets' rollout benchmarks (``rollout.json`` is tiny-qwen3's)
+PRESET_ROLLOUTS = ("tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h")
+
+
+def _rollout_by_preset(bench_dir: Path) -> list[str]:
+    """One row per tiny preset (``rollout.json`` and ``rollout_<preset>.json``): the engine ratios
+    the issue targets, per architecture; a "not run" line for each file absent."""
+    files = [("tiny-qwen3", "rollout.json")] + [(p, f"rollout_{p}.json") for p in PRESET_ROLLOUTS]
+    rows, absent = [], []
+    for preset, name in files:
+        path = bench_dir / name
+        if not path.is_file():
+            absent.append((preset, name))
+            continue
+        data = Node.load(path, "benchmark file")
+        keys = (
+            "ratio_aligned_over_default",
+            "ratio_aligned_native_over_default",
+            "ratio_engine_aligned_over_hf",
+            "ratio_engine_aligned_native_over_hf",
+        )
+        cells = [f"{data[key].number():.2f}" if data.has(key) else "-" for key in keys]
+        rows.append(f"| {preset} | `{name}` | " + " | ".join(cells) + " |")
+    lines = [
+        "",
+        "### Rollout engine throughput by model preset",
+        "",
+        f"Batch 32, 128 new tokens, one thread; targets {ROLLOUT_TARGETS['aligned_over_default']} "
+        f"(÷ default) and {ROLLOUT_TARGETS['engine_over_hf']} (÷ HF `generate`).",
+        "",
+        "| preset | file | aligned ÷ default | aligned-native ÷ default | aligned ÷ HF "
+        "| aligned-native ÷ HF |",
+        "|---|---|---:|---:|---:|---:|",
+        *rows,
+    ]
+    if absent:
+        lines.append("")
+    for preset, name in absent:
+        command = f"python benchmarks/rollout.py --model {preset} {_OUT}/{name}"
+        lines.append(f"- not run: `reproduced/benchmarks/{name}` (run: `{command}`)")
+    return lines
 
 
 def _inline_html(text: str) -> str:
