@@ -7,7 +7,7 @@ import math
 import pytest
 from audit_helpers import write_benchmark
 
-from zeromismatch.audit.benchmarks import benchmark_lines, lines_to_html
+from zeromismatch.audit.benchmarks import PRESET_ROLLOUTS, benchmark_lines, lines_to_html
 from zeromismatch.audit.registry import AuditInputError
 
 
@@ -15,7 +15,7 @@ def test_no_benchmark_files_only_not_run_lines(tmp_path):
     # each absent file is a "not run" line (tests/audit/test_not_run_gaps.py), never a table
     lines = benchmark_lines(tmp_path)
     assert not any(line.startswith(("|", "###")) for line in lines)
-    assert sum(line.startswith("- not run:") for line in lines) == 4
+    assert sum(line.startswith("- not run:") for line in lines) == 4 + len(PRESET_ROLLOUTS)
 
 
 def test_ops_geomean_and_worst_come_from_the_cases(tmp_path):
@@ -105,3 +105,13 @@ LOCAL = "fedcba9876543210fedcba9876543210fedcba98"
 def test_commit_is_shortened_but_its_suffixes_are_kept(tmp_path, recorded, shown):
     write_benchmark(tmp_path, "async", {"async_over_sync": 1.5, "provenance": {"git_commit": recorded}})
     assert f"(`reproduced/benchmarks/async.json`, {shown})" in "\n".join(benchmark_lines(tmp_path))
+
+
+def test_rollout_ratios_per_preset_table(tmp_path):
+    ratios = {"ratio_aligned_over_default": 0.5, "ratio_aligned_native_over_default": 1.1}
+    write_benchmark(tmp_path, "rollout", ratios)
+    write_benchmark(tmp_path, f"rollout_{PRESET_ROLLOUTS[0]}", {"ratio_aligned_over_default": 0.6})
+    text = "\n".join(benchmark_lines(tmp_path))
+    assert "| tiny-qwen3 | `rollout.json` | 0.50 | 1.10 | - | - |" in text
+    assert f"| {PRESET_ROLLOUTS[0]} | `rollout_{PRESET_ROLLOUTS[0]}.json` | 0.60 | - | - | - |" in text
+    assert f"not run: `reproduced/benchmarks/rollout_{PRESET_ROLLOUTS[1]}.json`" in text

@@ -193,36 +193,39 @@ PRESET_ROLLOUTS = ("tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h")
 
 
 def _rollout_by_preset(bench_dir: Path) -> list[str]:
-    """One row per tiny preset (``rollout.json`` and ``rollout_<preset>.json``): the engine ratios
-    the issue targets, per architecture; a "not run" line for each file absent."""
+    """One row per tiny preset with a file (``rollout.json`` is tiny-qwen3, ``rollout_<preset>.json``
+    the others): the engine ratios the issue targets, per architecture; then a "not run" line for
+    each per-preset file absent (``rollout.json``'s absence is listed with the other sections)."""
     files = [("tiny-qwen3", "rollout.json")] + [(p, f"rollout_{p}.json") for p in PRESET_ROLLOUTS]
+    keys = (
+        "ratio_aligned_over_default",
+        "ratio_aligned_native_over_default",
+        "ratio_engine_aligned_over_hf",
+        "ratio_engine_aligned_native_over_hf",
+    )
     rows, absent = [], []
     for preset, name in files:
         path = bench_dir / name
         if not path.is_file():
-            absent.append((preset, name))
+            absent += [] if name == "rollout.json" else [(preset, name)]
             continue
         data = Node.load(path, "benchmark file")
-        keys = (
-            "ratio_aligned_over_default",
-            "ratio_aligned_native_over_default",
-            "ratio_engine_aligned_over_hf",
-            "ratio_engine_aligned_native_over_hf",
-        )
         cells = [f"{data[key].number():.2f}" if data.has(key) else "-" for key in keys]
         rows.append(f"| {preset} | `{name}` | " + " | ".join(cells) + " |")
-    lines = [
-        "",
-        "### Rollout engine throughput by model preset",
-        "",
-        f"Batch 32, 128 new tokens, one thread; targets {ROLLOUT_TARGETS['aligned_over_default']} "
-        f"(÷ default) and {ROLLOUT_TARGETS['engine_over_hf']} (÷ HF `generate`).",
-        "",
-        "| preset | file | aligned ÷ default | aligned-native ÷ default | aligned ÷ HF "
-        "| aligned-native ÷ HF |",
-        "|---|---|---:|---:|---:|---:|",
-        *rows,
-    ]
+    lines: list[str] = []
+    if rows:
+        lines += [
+            "",
+            "### Rollout engine throughput by model preset",
+            "",
+            f"Batch 32, 128 new tokens, one thread; targets {ROLLOUT_TARGETS['aligned_over_default']} "
+            f"(÷ default) and {ROLLOUT_TARGETS['engine_over_hf']} (÷ HF `generate`).",
+            "",
+            "| preset | file | aligned ÷ default | aligned-native ÷ default | aligned ÷ HF "
+            "| aligned-native ÷ HF |",
+            "|---|---|---:|---:|---:|---:|",
+            *rows,
+        ]
     if absent:
         lines.append("")
     for preset, name in absent:
