@@ -1,4 +1,4 @@
-"""Suite-wide settings: deterministic seeds, hypothesis profiles, GPU/vLLM skips."""
+"""Suite-wide settings: deterministic seeds, hypothesis profiles, GPU/vLLM/native-kernel skips."""
 
 from __future__ import annotations
 
@@ -25,11 +25,19 @@ def pytest_collection_modifyitems(config, items):
     has_vllm = importlib.util.find_spec("vllm") is not None
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is present on this machine")
     skip_vllm = pytest.mark.skip(reason="needs the vllm package (extra 'gpu'); it is not installed")
+    native_reason = None
+    if not os.environ.get("CI") and any("native" in item.keywords for item in items):
+        from zeromismatch.kernels.native import unavailable_reason
+
+        native_reason = unavailable_reason()  # CI installs a compiler (.ci/run): there they must run
+    skip_native = pytest.mark.skip(reason=f"the aligned-native set cannot be built here: {native_reason}")
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(skip_gpu)
         if "vllm" in item.keywords and not has_vllm:
             item.add_marker(skip_vllm)
+        if "native" in item.keywords and native_reason:
+            item.add_marker(skip_native)
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,6 @@ the contrast: tests/kernels/test_ssm.py shows it breaking the same property."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,13 +12,11 @@ from hypothesis import strategies as st
 from kernel_helpers import torch_threads
 
 from zeromismatch.kernels import get_kernels
-from zeromismatch.kernels.native import _build
+from zeromismatch.kernels.native import NativeKernels, _build
 
-_UNAVAILABLE = _build.unavailable_reason()
-if _UNAVAILABLE and not os.environ.get("CI"):  # pragma: no cover - CI installs gcc and sets CI (.ci/run)
-    pytest.skip(f"the aligned-native set cannot be built here: {_UNAVAILABLE}", allow_module_level=True)
+pytestmark = pytest.mark.native  # skipped without a C compiler, except under CI (tests/conftest.py)
 
-NATIVE = get_kernels("aligned-native")
+NATIVE = NativeKernels()  # builds the library on first use, not at import
 ALIGNED = get_kernels("aligned")
 
 

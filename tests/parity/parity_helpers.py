@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
-import pytest
 import torch
 
 from zeromismatch.commands.parity import make_workload, run_engine_workload
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
-from zeromismatch.kernels.native import unavailable_reason
 from zeromismatch.train.logprobs import recompute_outputs
-
-#: the aligned-native set needs a C compiler; CI installs one (.ci/run), so there it never skips
-_NATIVE_UNAVAILABLE = unavailable_reason()
-requires_native = pytest.mark.skipif(
-    bool(_NATIVE_UNAVAILABLE) and not os.environ.get("CI"),
-    reason=f"the aligned-native set cannot be built here: {_NATIVE_UNAVAILABLE}",
-)
 
 PRESETS = ["tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -21,7 +21,6 @@ from parity_helpers import (
     first_mismatch,
     logprobs_of,
     model,
-    requires_native,
     rollout,
     trainer_diff,
 )
@@ -191,7 +190,7 @@ def test_zm_parity_prints_exact_zeros_aligned_and_not_default(preset):
 NATIVE = "aligned-native"
 
 
-@requires_native
+@pytest.mark.native
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_native_set_links_1_2_3_5(preset, dtype):
@@ -206,7 +205,7 @@ def test_native_set_links_1_2_3_5(preset, dtype):
     assert torch.equal(logprobs_of(hot), logprobs_of(cold))
 
 
-@requires_native
+@pytest.mark.native
 @pytest.mark.parametrize("preset", PRESETS)
 def test_zm_parity_exact_zeros_native_set(preset):
     result = run_parity(preset, NATIVE, seed=5, num_prompts=5, max_tokens=5, top_p=0.9, temperature=0.8)
@@ -214,7 +213,7 @@ def test_zm_parity_exact_zeros_native_set(preset):
     assert (result["diff_max"], result["k3_kl"]) == (0.0, 0.0)
 
 
-@requires_native
+@pytest.mark.native
 def test_native_engine_against_pure_torch_trainer_differs():
     """The two aligned sets compute attention in different fixed orders: an engine on one and a
     trainer on the other are *not* bitwise equal (so the choice must be the same on both sides)."""

@@ -3,7 +3,7 @@ TP 2 == the engine at TP 1; inverse: default kernels differ. Spawning workers ta
 so these are slow tests."""
 
 import pytest
-from parity_helpers import PRESETS, SAMPLING, requires_native
+from parity_helpers import PRESETS, SAMPLING
 
 from zeromismatch.commands.parity import run_parity
 from zeromismatch.engine import LLM, SamplingParams
@@ -65,7 +65,7 @@ def test_tp_engine_update_keep_recomputes_per_version():
     assert per_version_equal("tiny-qwen3", "aligned", outputs, weights)
 
 
-@requires_native
+@pytest.mark.native
 def test_link4_native_set_engine_tp2_equals_trainer_tp1():
     result = run_parity(
         "tiny-qwen3", "aligned-native", seed=6, num_prompts=4, max_tokens=5, tp=2, trainer_tp=1, top_p=0.9

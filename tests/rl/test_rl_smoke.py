@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
 from rl_helpers import read_metrics, tiny_config
@@ -38,14 +37,10 @@ def test_aligned_stack_has_zero_mismatch_and_unit_is_weights_at_lag_0(tmp_path):
         assert record["peak_over_median"] == 1.0
 
 
+@pytest.mark.native
 def test_aligned_native_stack_has_zero_mismatch_at_lag(tmp_path):
     """The RL loop on the aligned-native set (C attention and scan on both sides), lagged: the kernel term
     of every step is exactly zero, as on the pure-torch aligned stack."""
-    from zeromismatch.kernels.native import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason and not os.environ.get("CI"):
-        pytest.skip(f"the aligned-native set cannot be built here: {reason}")
     config = tiny_config(steps=3, lag=1, kernels="aligned-native", temperature=1.0, top_p=0.9)
     train(config, tmp_path / "run", quiet=True)
     for record in read_metrics(tmp_path / "run"):

@@ -26,11 +26,11 @@ no bitwise parity, only the forward logprobs do.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..aligned import attention as aligned_attention
 from ..aligned.attention import _cached_plan, _check_offsets, check_packed_inputs, check_paged_inputs
 from . import _build
+from ._autograd import native_with_reference_backward
 
 _IN_PLACE_KV = (torch.float32, torch.bfloat16)
 
@@ -95,33 +95,6 @@ def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, 
     return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
-class _WithAlignedBackward(torch.autograd.Function):
-    """Forward: the native kernel. Backward: the gradient of the pure-torch aligned attention
-    (the same function up to fp32 rounding), recomputed from the saved inputs. Once
-    differentiable: a double backward is an error, not a silently missing second-order term."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, forward_fn, reference_fn):
-        ctx.reference_fn = reference_fn
-        ctx.save_for_backward(q, k, v)
-        return forward_fn()
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v = ctx.saved_tensors
-        with torch.enable_grad():
-            inputs = [t.detach().requires_grad_(need) for t, need in zip((q, k, v), ctx.needs_input_grad[:3])]
-            out = ctx.reference_fn(*inputs)
-            wanted = [t for t in inputs if t.requires_grad]
-            grads = iter(torch.autograd.grad(out, wanted, grad_out))
-        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
-
-
-def _needs_grad(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -149,13 +122,10 @@ def attention(
         k_rows, v_rows = k.reshape(k.shape[0], hkv * k.shape[2]), v.reshape(v.shape[0], hkv * v.shape[2])
         return _run(q, k_rows, v_rows, hkv, plan, scale)
 
-    if not _needs_grad(q, k, v):
-        return forward()
-
     def reference(q_, k_, v_):
         return aligned_attention.attention(q_, k_, v_, cu_seqlens_q, cu_seqlens_k, scale)
 
-    return _WithAlignedBackward.apply(q, k, v, forward, reference)
+    return native_with_reference_backward(forward, reference, q, k, v)
 
 
 def paged_attention(
@@ -199,10 +169,7 @@ def paged_attention(
         k_rows = k_cache.reshape(-1, hkv * k_cache.shape[3])
         return _run(q, k_rows, v_cache.reshape(-1, hkv * v_cache.shape[3]), hkv, plan, scale)
 
-    if not _needs_grad(q, k_cache, v_cache):
-        return forward()
-
     def reference(q_, k_, v_):
         return aligned_attention.paged_attention(q_, k_, v_, block_table, cu_seqlens_q, kv_lens, scale)
 
-    return _WithAlignedBackward.apply(q, k_cache, v_cache, forward, reference)
+    return native_with_reference_backward(forward, reference, q, k_cache, v_cache)

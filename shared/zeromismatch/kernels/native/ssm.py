@@ -17,10 +17,10 @@ bitwise parity). CPU only.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..aligned import ssm as aligned_ssm
 from . import _build
+from ._autograd import native_with_reference_backward
 
 
 def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,37 +68,6 @@ def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit) -> tuple[torch
     return (y if x.dtype == torch.float32 else y.to(x.dtype)), state_out
 
 
-class _WithAlignedBackward(torch.autograd.Function):
-    """Forward: the native scan. Backward: the pure-torch aligned scan's gradient, recomputed."""
-
-    @staticmethod
-    def forward(ctx, forward_fn, reference_fn, *inputs):
-        ctx.reference_fn = reference_fn
-        ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
-        ctx.save_for_backward(*inputs)
-        return forward_fn()
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_y, grad_state):
-        inputs = ctx.saved_tensors
-        with torch.enable_grad():
-            detached = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad[2:])]
-            y, state = ctx.reference_fn(*detached)
-            wanted = [t for t in detached if t.requires_grad]
-            # only outputs with an incoming gradient that depend on a wanted input (the final state
-            # does not depend on C or D)
-            outputs = ((y, grad_y), (state, grad_state))
-            pairs = [(o, g) for o, g in outputs if g is not None and o.requires_grad]
-            grads = (
-                torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
-                if pairs
-                else [None] * len(wanted)
-            )
-        grads = iter(grads)
-        return (None, None, *(next(grads) if t.requires_grad else None for t in detached))
-
-
 def ssm_scan(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -119,11 +88,8 @@ def ssm_scan(
     def forward():
         return _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit)
 
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
-        return forward()
-
     def reference(*tensors):
         state = tensors[7] if len(tensors) > 7 else None
         return aligned_ssm.ssm_scan(*tensors[:7], cu_seqlens, state, dt_limit)
 
-    return _WithAlignedBackward.apply(forward, reference, *inputs)
+    return native_with_reference_backward(forward, reference, *inputs)
