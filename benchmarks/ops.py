@@ -196,7 +196,8 @@ def dense_cases() -> list[OpCase]:
 _native_not_run: str | None = None
 
 
-def sequence_cases() -> list[OpCase]:
+def sequence_cases(dense: list[OpCase] = ()) -> list[OpCase]:
+    """ops_sequence_cases' cases, then the aligned-native twins of ``dense`` (lm_head, row-parallel)."""
     global _native_not_run
     path = Path(__file__).resolve().parent / "ops_sequence_cases.py"
     if not path.exists():
@@ -204,8 +205,9 @@ def sequence_cases() -> list[OpCase]:
     spec = importlib.util.spec_from_file_location("ops_sequence_cases", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    twins = module.native_twins(list(dense))
     _native_not_run = module.NATIVE_NOT_RUN
-    return list(module.CASES)
+    return list(module.CASES) + twins
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     clock = args.clock or ("cpu" if torch.get_num_threads() == 1 and device.type == "cpu" else "wall")
     if clock == "cpu" and torch.get_num_threads() != 1:
         parser.error("--clock cpu measures one thread; use it with --threads 1")
-    cases = dense_cases() + sequence_cases()
+    dense = dense_cases()
+    cases = dense + sequence_cases(dense)
     if args.only:
         wanted = set(args.only.split(","))
         unknown = sorted(wanted - {c.name for c in cases})

@@ -203,10 +203,16 @@ def build_cases(quick: bool = False) -> list[OpCase]:
     cases += [_ssm_prefill_case(n, f32) for n in ((128, 512) if quick else (64, 128, 512))]
     cases += [_ssm_decode_case(b, f32) for b in ((1, 64) if quick else (1, 16, 64))]
     cases += [_conv_case([512], f32), _conv_case([1] * 64, f32)]
-    native = _native_set()
-    if native is not None:  # the same cases of the ops it replaces, the aligned-native set against default
-        cases += [_native_twin(c, native) for c in cases if c.name in _NATIVE_OPS]
-    return cases
+    return cases + native_twins(cases)
+
+
+def native_twins(cases: list[OpCase]) -> list[OpCase]:
+    """The same cases of the ops the aligned-native set replaces, that set against default (none when
+    it does not build here; the reason is in ``NATIVE_NOT_RUN``). benchmarks/ops.py calls it for its
+    dense cases too."""
+    twins = [c for c in cases if c.name in _NATIVE_OPS]
+    native = _native_set() if twins else None
+    return [] if native is None else [_native_twin(c, native) for c in twins]
 
 
 #: benchmark op name -> the KernelSet op the aligned-native set implements natively
@@ -215,6 +221,8 @@ _NATIVE_OPS = {
     "attention_decode": "paged_attention",
     "ssm_scan_prefill": "ssm_scan",
     "ssm_scan_decode": "ssm_scan",
+    "lm_head": "lm_head",
+    "row_parallel_linear": "row_parallel_linear",
 }
 
 

@@ -4,9 +4,10 @@ The shared library is built once per (source, compiler, flags, CPU) into
 ``$ZEROMISMATCH_NATIVE_CACHE`` (default ``~/.cache/zeromismatch/native``) and reused; a build
 writes to a temporary file and renames it into place, so concurrent processes never load a
 half-written library. ``-march=native`` only widens the SIMD lanes: the sources fix every
-rounding step and ``-ffp-contract=off`` forbids fused multiply-adds, so the bits do not depend on
-it (tests/kernels/test_native_attention.py compares an ``-O0`` SSE2 build against it), and
-fixed_math.h refuses to compile for x87 math or under fast-math.
+rounding step and ``-ffp-contract=off`` forbids the compiler's own fused multiply-adds, so the
+bits do not depend on it (tests compare an ``-O0`` SSE2 build against it), and fixed_math.h
+refuses to compile for x87 math or under fast-math. gemm.c's fused multiply-adds are explicit
+(``fmaf`` or the AVX-512 FMA/vdpbf16ps instructions, the same single rounding) in its rule.
 
 ``$CC`` picks the compiler (default ``cc``; split like a shell word list, so ``ccache gcc``
 works); it needs OpenMP (``-fopenmp``).
@@ -27,7 +28,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
-SOURCES = (_HERE / "attention.c", _HERE / "ssm.c")
+SOURCES = (_HERE / "attention.c", _HERE / "ssm.c", _HERE / "gemm.c")
 HEADERS = (_HERE / "fixed_math.h",)
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
@@ -116,11 +117,15 @@ def _load(path: Path) -> ctypes.CDLL:
     f32 = ctypes.c_float
     lib.zm_ssm_scan.argtypes = [p] * 12 + [i64] * 5 + [f32, f32, ctypes.c_int]
     lib.zm_ssm_scan.restype = ctypes.c_int
+    lib.zm_panel_gemm.argtypes = [
+        p, i64, p, i64, i64, ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, p, ctypes.c_int,
+    ]  # fmt: skip
+    lib.zm_panel_gemm.restype = ctypes.c_int
     return lib
 
 
 def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
-    """The compiled native library (attention and SSM scan) for ``flags`` (default
+    """The compiled native library (attention, SSM scan, GEMM) for ``flags`` (default
     ``build_flags``; REQUIRED_FLAGS are always appended), built on first use, then cached on disk
     and in this process."""
     flags = tuple(build_flags if flags is None else flags)

@@ -1,0 +1,215 @@
+/* Fixed-order GEMM over a panel-packed weight, for the aligned-native lm_head and row-parallel
+ * linear.
+ *
+ *   out[p][i][c] = sum over k in piece p of x[i][k] * w[c][k]     (x [M, K] row major)
+ *
+ * The weight is packed (by dense.py) into panels of 16 output columns: fp32 [panels][K][16],
+ * bf16 [panels][K/2][16][2] (the pairs vdpbf16ps reads). The rule that fixes every output's
+ * bits, whatever M, N, the row's position, the thread count or the register block it lands in
+ * (each output has its own accumulator; blocks only share loads):
+ *   fp32: acc = fma(x[k], w[c][k], acc) for k ascending over the piece, from acc = 0;
+ *   bf16: for each pair k = 2q, 2q + 1 ascending over the piece, the product at 2q + 1 and then the
+ *         one at 2q are added, each with one rounding (a product of two bf16 values is exact in
+ *         fp32, so this is fma), with denormal inputs and results flushed to zero: exactly what an
+ *         AVX512-BF16 vdpbf16ps lane does (tests compare the portable path with it);
+ *   with round_bf16 the fp32 result is rounded to bf16 (nearest even; stored as fp32).
+ * The AVX-512 paths (FMA with a broadcast x, vdpbf16ps with a broadcast x pair) and the portable
+ * C path below follow the same rule; the tests compare an -O0 build (portable C) with the
+ * -O3 -march=native one. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include "fixed_math.h"
+
+#define PANEL 16 /* output columns per panel: one 512-bit vector of fp32 accumulators */
+#define NV 4     /* panels per register block (dense.py pads the panel count to a multiple) */
+#define MR 6     /* x rows per register block */
+
+/* ---- portable path: the rule, one output at a time ------------------------------------------ */
+static inline float flush(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
+
+static void block_c(const void *const *xr, int mr, const void *wp, int64_t ps, int is_bf16, int64_t kp,
+                    float *out, int64_t ldo) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NV; j++)
+            for (int c = 0; c < PANEL; c++) {
+                float acc = 0.0f;
+                if (is_bf16) {
+                    const uint16_t *x = (const uint16_t *)xr[i], *w = (const uint16_t *)wp + j * ps;
+                    for (int64_t q = 0; q < kp / 2; q++)
+                        for (int e = 1; e >= 0; e--) {
+                            const float a = flush(bf16_to_f32(x[2 * q + e]));
+                            const float b = flush(bf16_to_f32(w[(q * PANEL + c) * 2 + e]));
+                            acc = flush(fmaf(a, b, acc));
+                        }
+                } else {
+                    const float *x = (const float *)xr[i], *w = (const float *)wp + j * ps;
+                    for (int64_t k = 0; k < kp; k++) acc = fmaf(x[k], w[k * PANEL + c], acc);
+                }
+                out[i * ldo + j * PANEL + c] = acc;
+            }
+}
+
+/* ---- AVX-512 paths ------------------------------------------------------------------------- */
+#ifdef __AVX512F__
+#define ZM_F32(R)                                                                                          \
+    static inline __attribute__((always_inline)) void f32_##R(const float *const *xr, const float *wp,     \
+                                                              int64_t ps, int64_t kp, float *out, int64_t ldo) { \
+        __m512 acc[R][NV];                                                                                 \
+        for (int i = 0; i < R; i++)                                                                        \
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();                                  \
+        for (int64_t k = 0; k < kp; k++) {                                                                 \
+            __m512 wv[NV];                                                                                 \
+            for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_ps(wp + j * ps + k * PANEL);                 \
+            for (int i = 0; i < R; i++) {                                                                  \
+                const __m512 xb = _mm512_set1_ps(xr[i][k]);                                                \
+                for (int j = 0; j < NV; j++) acc[i][j] = _mm512_fmadd_ps(xb, wv[j], acc[i][j]);            \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int i = 0; i < R; i++)                                                                        \
+            for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + i * ldo + j * PANEL, acc[i][j]);           \
+    }
+ZM_F32(1)
+ZM_F32(2)
+ZM_F32(3)
+ZM_F32(4)
+ZM_F32(5)
+ZM_F32(6)
+#endif
+
+#ifdef __AVX512BF16__
+#define ZM_BF16(R)                                                                                         \
+    static inline __attribute__((always_inline)) void bf16_##R(const uint16_t *const *xr, const uint16_t *wp, \
+                                                               int64_t ps, int64_t kp, float *out, int64_t ldo) { \
+        __m512 acc[R][NV];                                                                                 \
+        for (int i = 0; i < R; i++)                                                                        \
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();                                  \
+        for (int64_t q = 0; q < kp / 2; q++) {                                                             \
+            __m512bh wv[NV];                                                                               \
+            for (int j = 0; j < NV; j++) wv[j] = (__m512bh)_mm512_loadu_si512(wp + j * ps + q * 2 * PANEL);\
+            for (int i = 0; i < R; i++) {                                                                  \
+                int32_t pair;                                                                              \
+                memcpy(&pair, xr[i] + 2 * q, sizeof pair);                                                 \
+                const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);                                     \
+                for (int j = 0; j < NV; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xb, wv[j]);           \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int i = 0; i < R; i++)                                                                        \
+            for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + i * ldo + j * PANEL, acc[i][j]);           \
+    }
+ZM_BF16(1)
+ZM_BF16(2)
+ZM_BF16(3)
+ZM_BF16(4)
+ZM_BF16(5)
+ZM_BF16(6)
+#endif
+
+static void block(const void *const *xr, int mr, const void *wp, int64_t ps, int is_bf16, int64_t kp, float *out,
+                  int64_t ldo) {
+#ifdef __AVX512BF16__
+    if (is_bf16) {
+        const uint16_t *const *x = (const uint16_t *const *)xr;
+        const uint16_t *w = (const uint16_t *)wp;
+        switch (mr) {
+        case 6: bf16_6(x, w, ps, kp, out, ldo); return;
+        case 5: bf16_5(x, w, ps, kp, out, ldo); return;
+        case 4: bf16_4(x, w, ps, kp, out, ldo); return;
+        case 3: bf16_3(x, w, ps, kp, out, ldo); return;
+        case 2: bf16_2(x, w, ps, kp, out, ldo); return;
+        default: bf16_1(x, w, ps, kp, out, ldo); return;
+        }
+    }
+#endif
+#ifdef __AVX512F__
+    if (!is_bf16) {
+        const float *const *x = (const float *const *)xr;
+        const float *w = (const float *)wp;
+        switch (mr) {
+        case 6: f32_6(x, w, ps, kp, out, ldo); return;
+        case 5: f32_5(x, w, ps, kp, out, ldo); return;
+        case 4: f32_4(x, w, ps, kp, out, ldo); return;
+        case 3: f32_3(x, w, ps, kp, out, ldo); return;
+        case 2: f32_2(x, w, ps, kp, out, ldo); return;
+        default: f32_1(x, w, ps, kp, out, ldo); return;
+        }
+    }
+#endif
+    block_c(xr, mr, wp, ps, is_bf16, kp, out, ldo);
+}
+
+static inline float round_to_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        bits = (bits | 0x00400000u) & 0xffff0000u; /* nan stays a (quiet) nan */
+    } else {
+        bits += 0x7fffu + ((bits >> 16) & 1u);
+        bits &= 0xffff0000u;
+    }
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* The fixed pairwise tree of collectives.tree_sum, elementwise over ``count`` tiles of ``len``
+ * values, in place into tile 0: ((t0+t1)+(t2+t3))+...; an odd last tile carries up a level. */
+static void tree_sum_tiles(float (*t)[MR * NV * PANEL], int64_t count, int64_t len) {
+    while (count > 1) {
+        int64_t half = 0;
+        for (int64_t i = 0; i + 1 < count; i += 2, half++)
+            for (int64_t e = 0; e < len; e++) t[half][e] = t[i][e] + t[i + 1][e];
+        if (count % 2) {
+            if (half != count - 1) memcpy(t[half], t[count - 1], (size_t)len * sizeof(float));
+            half++;
+        }
+        count = half;
+    }
+}
+
+/* x [m, k] fp32 or bf16 bits (is_bf16), rows ldx elements apart; wp the packed weight with
+ * npanels panels (a multiple of NV) over k; k / pieces must be whole (and even for bf16).
+ * reduce = 0: out [pieces, m, n] fp32, the partials; reduce = 1 (pieces <= ZM_MAX_TREE_PIECES):
+ * out [m, n] fp32, the partials summed by tree_sum in piece order. Returns 0, or 1 when reduce
+ * asks for too many pieces. */
+#define ZM_MAX_TREE_PIECES 16
+int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
+                  int64_t n, int64_t pieces, int round_bf16, int reduce, float *out, int threads) {
+    if (reduce && pieces > ZM_MAX_TREE_PIECES) return 1;
+    const size_t elem = is_bf16 ? sizeof(uint16_t) : sizeof(float);
+    const int64_t ps = k * PANEL, kp = k / pieces, nblocks = npanels / NV;
+    const int64_t tiles = reduce ? pieces : 1;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+    for (int64_t nb = 0; nb < nblocks; nb++) {
+        const int64_t c0 = nb * NV * PANEL;
+        const int64_t ncols = n - c0 < NV * PANEL ? n - c0 : NV * PANEL;
+        float tile[ZM_MAX_TREE_PIECES][MR * NV * PANEL];
+        if (ncols <= 0) continue;
+        for (int64_t m0 = 0; m0 < m; m0 += MR) {
+            const int mr = m - m0 < MR ? (int)(m - m0) : MR;
+            for (int64_t p = 0; p < pieces; p++) {
+                const char *wblk = (const char *)wp + (size_t)(nb * NV * ps + p * kp * PANEL) * elem;
+                const void *xr[MR];
+                for (int i = 0; i < mr; i++) xr[i] = (const char *)x + (size_t)((m0 + i) * ldx + p * kp) * elem;
+                float *t = tile[reduce ? p : 0];
+                block(xr, mr, wblk, ps, is_bf16, kp, t, NV * PANEL);
+                if (round_bf16)
+                    for (int i = 0; i < mr * NV * PANEL; i++) t[i] = round_to_bf16(t[i]);
+                if (!reduce) {
+                    float *dst = out + (p * m + m0) * n + c0;
+                    for (int i = 0; i < mr; i++) memcpy(dst + i * n, t + i * NV * PANEL, ncols * sizeof(float));
+                }
+            }
+            if (reduce) {
+                tree_sum_tiles(tile, tiles, mr * NV * PANEL);
+                for (int i = 0; i < mr; i++)
+                    memcpy(out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols * sizeof(float));
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,177 @@
+"""Native fixed-order GEMMs (gemm.c): the aligned-native ``lm_head`` and ``row_parallel_linear``.
+
+Why. The aligned set's fp32 lm_head (PipelineRL's fix: logits in fp32, not rounded to bf16)
+upcasts a bf16 head and runs an fp32 GEMM: about half the default set's speed, whose bf16 GEMM
+uses the AVX512-BF16 dot instructions (measured 0.30-0.53x, issue 3). And its row-parallel
+linear makes one oneDNN call per virtual shard plus a tree (0.14-0.91x). torch on the CPU has no
+bf16 GEMM with fp32 output that keeps up (MKL's ``cblas_gemm_bf16bf16f32`` measured 0.07-0.30x
+here), so ``gemm.c`` is one.
+
+What. ``gemm.c`` multiplies x by a weight packed into panels of 16 output columns and keeps one
+accumulator per output, updated in ascending k (fp32: fused multiply-add; bf16: the bf16 pair
+products exactly as one vdpbf16ps lane adds them, exact products in fp32 sums, so the logits
+have fp32 precision like the upcast GEMM's, in a different order). Every output's bits are
+fixed by that rule whatever the batch, the row's position, the thread count or the register
+block, and an ``-O0`` build (portable C) gives the bits of the AVX-512 build (tests). The packed
+weight is cached while the weight is unchanged (``aligned.gemm.cached_from_weights``).
+
+- ``lm_head(hidden, weight)``: bf16 hidden and weight (and an even K) run the bf16 rule; any
+  other dtypes are upcast to fp32 first, as the aligned lm_head does, and run the fp32 rule.
+- ``row_parallel_linear``: the virtual-shard partials (``collectives.virtual_shard_reduce``)
+  come from one call; partial p is the rule over piece p's k, rounded to x's dtype (as the
+  aligned set's partials are), then the same fixed fp32 tree.
+
+The backward is the pure-torch aligned op's (``_autograd.py``). Bits differ from the pure-torch
+aligned set's, so engine and trainer must both run aligned-native. CPU only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import collectives
+from ..aligned import dense as aligned_dense
+from ..aligned.gemm import cached_from_weights, row_invariant_pieces
+from . import _build
+from ._autograd import native_with_reference_backward
+
+#: output columns per panel and panels per register block (must match gemm.c)
+PANEL = 16
+PANELS_PER_BLOCK = 4
+_BLOCK_COLS = PANEL * PANELS_PER_BLOCK
+
+
+def _pack(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``weight [N, K]`` as panels: fp32 ``[P, K, 16]``, bf16 ``[P, K/2, 16, 2]``; N is padded with
+    zero rows up to a whole register block (padding columns are computed, never returned)."""
+    n, k = weight.shape
+    panels = -(-n // _BLOCK_COLS) * PANELS_PER_BLOCK
+    padded = weight.new_zeros(panels * PANEL, k)
+    padded[:n] = weight
+    if weight.dtype == torch.bfloat16:
+        packed = padded.view(panels, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    else:
+        packed = padded.view(panels, PANEL, k).permute(0, 2, 1).contiguous()
+    return packed, packed.numel() * packed.element_size()
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    cached = cached_from_weights((weight,), ("native-panels",), lambda: _pack(weight.detach()))
+    if cached is not None:
+        return cached
+    with torch.no_grad():
+        return _pack(weight.detach())[0]
+
+
+def _check_cpu(*tensors: torch.Tensor) -> None:
+    if any(t.device.type != "cpu" for t in tensors):
+        raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
+
+
+def _uses_bf16_rule(x: torch.Tensor, weight: torch.Tensor, piece_k: int) -> bool:
+    return x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and piece_k % 2 == 0
+
+
+#: most pieces gemm.c sums itself (ZM_MAX_TREE_PIECES)
+MAX_TREE_PIECES = 16
+
+
+def panel_gemm(
+    x2d: torch.Tensor,
+    weight: torch.Tensor,
+    pieces: int = 1,
+    round_to: torch.dtype | None = None,
+    reduce: bool = False,
+) -> torch.Tensor:
+    """``[pieces, M, N]`` fp32: piece p's ``x2d[:, piece p] @ weight[:, piece p].T`` by the gemm.c
+    rule (bf16 rule when both are bf16 and the piece length is even, else fp32 on upcast inputs),
+    each rounded to ``round_to`` when given (values stay fp32 tensors). With ``reduce`` (at most
+    ``MAX_TREE_PIECES`` pieces), ``[M, N]``: those partials summed by ``collectives.tree_sum``'s
+    fixed tree, bit for bit. No autograd."""
+    _check_cpu(x2d, weight)
+    m, k = x2d.shape
+    n = weight.shape[0]
+    piece_k = k // pieces
+    if not _uses_bf16_rule(x2d, weight, piece_k):
+        x2d, weight = x2d.float(), weight.float()
+    x2d = x2d.detach().resolve_neg().resolve_conj().contiguous()
+    if reduce and (pieces > MAX_TREE_PIECES or round_to not in (None, torch.float32, torch.bfloat16)):
+        return collectives.tree_sum_fp32_(list(panel_gemm(x2d, weight, pieces, round_to).unbind(0)))
+    out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    packed = _packed(weight)
+    is_bf16 = x2d.dtype == torch.bfloat16
+    _build.library().zm_panel_gemm(
+        x2d.data_ptr(),
+        x2d.stride(0),
+        packed.data_ptr(),
+        packed.shape[0],
+        k,
+        int(is_bf16),
+        m,
+        n,
+        pieces,
+        int(round_to == torch.bfloat16),
+        int(reduce),
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    if round_to is not None and round_to not in (torch.float32, torch.bfloat16):
+        out = out.to(round_to).float()
+    return out
+
+
+def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp32 logits ``[T, V]`` of ``hidden [..., H]`` against ``weight [V, H]`` (module docstring)."""
+    if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"lm_head: hidden {tuple(hidden.shape)} vs weight {tuple(weight.shape)}")
+    h2d = hidden.reshape(math.prod(hidden.shape[:-1]), hidden.shape[-1])  # (-1 is ambiguous at H = 0)
+    return native_with_reference_backward(
+        lambda: panel_gemm(h2d, weight)[0], aligned_dense.lm_head, h2d, weight
+    )
+
+
+def _reference_pieces(pieces: int):
+    def reference(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.stack(row_invariant_pieces(x2d, weight, pieces)).float()
+
+    return reference
+
+
+def _native_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -> list[torch.Tensor]:
+    if x2d.shape[1] % pieces != 0:
+        raise ValueError(f"input dim {x2d.shape[1]} is not divisible into {pieces} pieces")
+    stacked = native_with_reference_backward(
+        lambda: panel_gemm(x2d, weight, pieces, round_to=x2d.dtype),
+        _reference_pieces(pieces),
+        x2d,
+        weight,
+    )
+    return list(stacked.unbind(0))
+
+
+def row_parallel_linear(
+    x_local: torch.Tensor,
+    weight_local: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    group=None,
+    virtual_shards: int = 4,
+) -> torch.Tensor:
+    aligned_dense._check_linear(x_local, weight_local, None)
+    x2d = x_local.reshape(-1, x_local.shape[-1])
+    needs_grad = torch.is_grad_enabled() and (x2d.requires_grad or weight_local.requires_grad)
+    if group is None and not needs_grad:
+        # TP 1 without autograd: the partials and their tree in one call (the same bits)
+        collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)
+        out = panel_gemm(x2d, weight_local, virtual_shards, round_to=x2d.dtype, reduce=True)
+    else:
+        out = collectives.virtual_shard_reduce(x2d, weight_local, group, virtual_shards, _native_pieces)
+    out = out.to(x_local.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x_local.shape[:-1], weight_local.shape[0])

@@ -1,0 +1,176 @@
+"""The aligned-native set's C GEMM (lm_head, row-parallel linear): a row's bits do not depend on
+the batch (any M, any position), the thread count, the output columns requested or the TP
+degree (``torch.equal``); an ``-O0`` build (portable C, which emulates vdpbf16ps) gives the bits
+of the AVX-512 build; accuracy against float64 with stated tolerances; gradients are the aligned
+op's. The default set breaking row invariance is shown in test_dense_invariance.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_helpers import torch_threads
+
+from zeromismatch.kernels import collectives, get_kernels
+from zeromismatch.kernels.native import NativeKernels, _build
+from zeromismatch.kernels.native import gemm as native_gemm
+
+pytestmark = pytest.mark.native  # skipped without a C compiler, except under CI (tests/conftest.py)
+
+NATIVE = NativeKernels()
+ALIGNED = get_kernels("aligned")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _rand(gen, *shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    n=st.integers(1, 150),
+    k=st.integers(1, 130),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    seed=st.integers(0, 2**16),
+)
+def test_lm_head_rows_are_batch_invariant(m, n, k, dtype, seed):
+    """Each row alone, and every contiguous sub-batch, gives the full batch's bits (odd K in bf16
+    takes the fp32 rule; both sides take the same one)."""
+    gen = torch.Generator().manual_seed(seed)
+    h, w = _rand(gen, m, k, dtype=DTYPES[dtype]), _rand(gen, n, k, dtype=DTYPES[dtype], scale=0.2)
+    full = NATIVE.lm_head(h, w)
+    assert full.dtype == torch.float32 and full.shape == (m, n)
+    for i in range(m):
+        assert torch.equal(NATIVE.lm_head(h[i : i + 1], w), full[i : i + 1])
+    lo, hi = m // 3, max(m // 3 + 1, 2 * m // 3)
+    assert torch.equal(NATIVE.lm_head(h[lo:hi], w), full[lo:hi])
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_lm_head_threads_columns_and_strides(dtype):
+    """1 vs 2 threads, a vocab slice (vocab-parallel shards), a 3-D input and a strided input."""
+    gen = torch.Generator().manual_seed(1)
+    h, w = _rand(gen, 23, 96, dtype=dtype), _rand(gen, 300, 96, dtype=dtype, scale=0.1)
+    with torch_threads(1):
+        one = NATIVE.lm_head(h, w)
+    with torch_threads(2):
+        assert torch.equal(NATIVE.lm_head(h, w), one)
+    assert torch.equal(NATIVE.lm_head(h, w[70:201]), one[:, 70:201])
+    assert torch.equal(NATIVE.lm_head(h.view(1, 23, 96), w), one)
+    wide = _rand(gen, 23, 192, dtype=dtype)
+    wide[:, ::2] = h
+    assert torch.equal(NATIVE.lm_head(wide[:, ::2], w), one)
+
+
+def test_O0_build_gives_the_same_bits(monkeypatch):
+    """The -O0 build is the portable C (no FMA or vdpbf16ps instructions: fmaf and an emulated
+    dot-pair with denormal flushing); it must give the AVX-512 build's bits, including for
+    denormal inputs and products that underflow."""
+    gen = torch.Generator().manual_seed(2)
+    cases = []
+    for dtype in DTYPES.values():
+        h, w = _rand(gen, 13, 70, dtype=dtype), _rand(gen, 37, 70, dtype=dtype, scale=0.3)
+        x, wr = _rand(gen, 9, 64, dtype=dtype), _rand(gen, 40, 64, dtype=dtype, scale=0.3)
+        cases.append((h, w, x, wr))
+    tiny = (torch.randn(5, 64, generator=gen) * torch.logspace(-40, 0, 64)).bfloat16()
+    tiny_w = (torch.randn(20, 64, generator=gen) * torch.logspace(0, -40, 64)).bfloat16()
+    cases.append((tiny, tiny_w, tiny, tiny_w[:, :64]))
+
+    def run():
+        return [(NATIVE.lm_head(h, w), NATIVE.row_parallel_linear(x, wr)) for h, w, x, wr in cases]
+
+    vectorized = run()
+    monkeypatch.setattr(_build, "build_flags", ("-O0",))
+    scalar = run()
+    monkeypatch.undo()
+    for (a_head, a_rp), (b_head, b_rp) in zip(vectorized, scalar):
+        assert torch.equal(a_head, b_head)
+        assert torch.equal(a_rp, b_rp)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_row_parallel_is_layout_invariant(dtype):
+    """TP 1 (partials and tree fused in C) == TP 2 and TP 4 (each rank's pieces, gathered, the
+    same tree), and each piece's partial == a call on that piece alone; rows batch-invariant."""
+    gen = torch.Generator().manual_seed(3)
+    x, w = _rand(gen, 19, 256, dtype=dtype), _rand(gen, 72, 256, dtype=dtype, scale=0.1)
+    tp1 = NATIVE.row_parallel_linear(x, w)
+    pieces = native_gemm._native_pieces(x, w, 4)
+    for j, piece in enumerate(pieces):
+        alone = native_gemm._native_pieces(x[:, 64 * j : 64 * (j + 1)], w[:, 64 * j : 64 * (j + 1)], 1)[0]
+        assert torch.equal(piece, alone)
+    for degree in (2, 4):
+        per_rank = [
+            native_gemm._native_pieces(*collectives.shard_rows(x, w, degree, r), 4 // degree)
+            for r in range(degree)
+        ]
+        gathered = collectives.tree_sum([p.float() for rank in per_rank for p in rank])
+        assert torch.equal(gathered.to(dtype), tp1)
+    for i in (0, 7, 18):
+        assert torch.equal(NATIVE.row_parallel_linear(x[i : i + 1], w), tp1[i : i + 1])
+
+
+@pytest.mark.parametrize(
+    "dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-6)], ids=["fp32", "bf16"]
+)
+def test_lm_head_accuracy_against_float64(dtype, tol):
+    """Relative to max |logit|: fp32 sums of exact products (bf16) or fp32 FMAs, K = 1024
+    sequential steps: ~K * 2^-24 / sqrt(K) typical, bounded well under 2e-6 here."""
+    gen = torch.Generator().manual_seed(4)
+    h, w = _rand(gen, 8, 1024, dtype=dtype), _rand(gen, 500, 1024, dtype=dtype, scale=0.05)
+    ref = h.double() @ w.double().T
+    err = (NATIVE.lm_head(h, w).double() - ref).abs().max() / ref.abs().max()
+    assert err < tol
+
+
+def test_row_parallel_accuracy_against_float64():
+    """fp32: partials and tree in fp32 (1e-6 relative); bf16: partials rounded to bf16 as the
+    aligned set's are, so bf16 rounding (2^-8 relative per partial)."""
+    gen = torch.Generator().manual_seed(5)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        x, w = _rand(gen, 10, 512, dtype=dtype), _rand(gen, 64, 512, dtype=dtype, scale=0.05)
+        ref = x.double() @ w.double().T
+        err = (NATIVE.row_parallel_linear(x, w).double() - ref).abs().max() / ref.abs().max()
+        assert err < tol
+
+
+def test_gradients_are_the_aligned_ops():
+    gen = torch.Generator().manual_seed(6)
+    h, w = _rand(gen, 6, 64), _rand(gen, 50, 64, scale=0.1)
+    grads = []
+    for kernels in (NATIVE, ALIGNED):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = kernels.lm_head(hh, ww).square().sum() + kernels.row_parallel_linear(hh, ww[:, :64]).sum()
+        loss.backward()
+        grads.append((hh.grad, ww.grad))
+    for native, aligned in zip(*grads):
+        assert torch.allclose(native, aligned, rtol=1e-5, atol=1e-5)
+
+
+def test_native_and_pure_torch_aligned_bf16_bits_differ():
+    """In bf16 the orders differ (pair products odd-then-even vs the upcast fp32 GEMM's k order):
+    engine and trainer must run the same set. (In fp32 the rule is one ascending FMA chain per
+    output, which oneDNN's fp32 brgemm also computed here: equal bits measured, not promised.)"""
+    gen = torch.Generator().manual_seed(7)
+    h, w = _rand(gen, 8, 256, dtype=torch.bfloat16), _rand(gen, 300, 256, dtype=torch.bfloat16, scale=0.1)
+    assert not torch.equal(NATIVE.lm_head(h, w), ALIGNED.lm_head(h, w))
+
+
+def test_edge_inputs():
+    gen = torch.Generator().manual_seed(8)
+    w = _rand(gen, 10, 16)
+    assert NATIVE.lm_head(torch.empty(0, 16), w).shape == (0, 10)
+    assert torch.equal(NATIVE.lm_head(torch.randn(3, 0), torch.randn(10, 0)), torch.zeros(3, 10))
+    with pytest.raises(ValueError, match="lm_head"):
+        NATIVE.lm_head(torch.randn(3, 15), w)
+    with pytest.raises(ValueError, match="divisible"):
+        NATIVE.row_parallel_linear(torch.randn(2, 18), torch.randn(4, 18))
+    if torch.device("meta").type == "meta":
+        with pytest.raises(ValueError, match="CPU only"):
+            NATIVE.lm_head(torch.empty(2, 16, device="meta"), torch.empty(10, 16, device="meta"))
+    nan_row = torch.randn(2, 16)
+    nan_row[1, 3] = float("nan")
+    out = NATIVE.lm_head(nan_row, w)
+    assert out[1].isnan().all() and out[0].isfinite().all()
