@@ -221,6 +221,7 @@ _NATIVE_OPS = {
     "attention_decode": "paged_attention",
     "ssm_scan_prefill": "ssm_scan",
     "ssm_scan_decode": "ssm_scan",
+    "linear": "linear",
     "lm_head": "lm_head",
     "row_parallel_linear": "row_parallel_linear",
 }

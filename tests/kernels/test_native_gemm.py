@@ -1,4 +1,4 @@
-"""The aligned-native set's C GEMM (lm_head, row-parallel linear): a row's bits do not depend on
+"""The aligned-native set's C GEMM (linear, lm_head, row-parallel linear): a row's bits do not depend on
 the batch (any M, any position), the thread count, the output columns requested or the TP
 degree (``torch.equal``); an ``-O0`` build (portable C, which emulates vdpbf16ps) gives the bits
 of the AVX-512 build; accuracy against float64 with stated tolerances; gradients are the aligned
@@ -46,6 +46,29 @@ def test_lm_head_rows_are_batch_invariant(m, n, k, dtype, seed):
         assert torch.equal(NATIVE.lm_head(h[i : i + 1], w), full[i : i + 1])
     lo, hi = m // 3, max(m // 3 + 1, 2 * m // 3)
     assert torch.equal(NATIVE.lm_head(h[lo:hi], w), full[lo:hi])
+    out = NATIVE.linear(h, w)
+    assert out.dtype == h.dtype
+    for i in range(m):
+        assert torch.equal(NATIVE.linear(h[i : i + 1], w), out[i : i + 1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_linear_semantics_columns_and_bias(dtype):
+    """F.linear semantics (any leading dims, bias after the rounding to x's dtype, as the aligned
+    linear), a column slice of the weight (column-parallel shard) gives the slice of the output,
+    and fp64 keeps the aligned op (the fp32 rule would lower its precision)."""
+    gen = torch.Generator().manual_seed(9)
+    x, w = _rand(gen, 3, 5, 48, dtype=dtype), _rand(gen, 80, 48, dtype=dtype, scale=0.2)
+    b = _rand(gen, 80, dtype=dtype)
+    out = NATIVE.linear(x, w, b)
+    assert out.shape == (3, 5, 80) and out.dtype == dtype
+    assert torch.equal(out, NATIVE.linear(x, w) + b)
+    assert torch.equal(NATIVE.linear(x, w[16:56]), NATIVE.linear(x, w)[..., 16:56])
+    ref = x.double() @ w.double().T + b.double()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert ((out.double() - ref).abs().max() / ref.abs().max()) < tol
+    x64, w64 = x.double(), w.double()
+    assert torch.equal(NATIVE.linear(x64, w64), ALIGNED.linear(x64, w64))
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -79,15 +102,18 @@ def test_O0_build_gives_the_same_bits(monkeypatch):
     cases.append((tiny, tiny_w, tiny, tiny_w[:, :64]))
 
     def run():
-        return [(NATIVE.lm_head(h, w), NATIVE.row_parallel_linear(x, wr)) for h, w, x, wr in cases]
+        return [
+            (NATIVE.lm_head(h, w), NATIVE.row_parallel_linear(x, wr), NATIVE.linear(h, w))
+            for h, w, x, wr in cases
+        ]
 
     vectorized = run()
     monkeypatch.setattr(_build, "build_flags", ("-O0",))
     scalar = run()
     monkeypatch.undo()
-    for (a_head, a_rp), (b_head, b_rp) in zip(vectorized, scalar):
-        assert torch.equal(a_head, b_head)
-        assert torch.equal(a_rp, b_rp)
+    for vector_outs, scalar_outs in zip(vectorized, scalar):
+        for a, b in zip(vector_outs, scalar_outs):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -143,6 +169,7 @@ def test_gradients_are_the_aligned_ops():
     for kernels in (NATIVE, ALIGNED):
         hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
         loss = kernels.lm_head(hh, ww).square().sum() + kernels.row_parallel_linear(hh, ww[:, :64]).sum()
+        loss = loss + kernels.linear(hh, ww).sin().sum()
         loss.backward()
         grads.append((hh.grad, ww.grad))
     for native, aligned in zip(*grads):

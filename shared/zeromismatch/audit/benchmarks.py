@@ -33,7 +33,7 @@ def _commit(data: Node) -> str:
 
 NATIVE_NOTE = (
     "Rows and systems named `*native*` run the aligned-native set (the aligned set with its attention, "
-    "Mamba2 scan, lm_head and row-parallel linear in fixed-order C, `kernels/native`; docs/parity.md) "
+    "Mamba2 scan, linear, lm_head and row-parallel linear in fixed-order C, `kernels/native`; docs/parity.md) "
     "against the same default op; no verdict uses them."
 )
 

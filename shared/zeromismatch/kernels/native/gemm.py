@@ -1,6 +1,7 @@
-"""Native fixed-order GEMMs (gemm.c): the aligned-native ``lm_head`` and ``row_parallel_linear``.
+"""Native fixed-order GEMMs (gemm.c): the aligned-native ``linear``, ``lm_head`` and ``row_parallel_linear``.
 
-Why. The aligned set's fp32 lm_head (PipelineRL's fix: logits in fp32, not rounded to bf16)
+Why. The aligned linear pays a oneDNN call's fixed cost plus row padding (0.22-0.86x of the default
+at one row). The aligned set's fp32 lm_head (PipelineRL's fix: logits in fp32, not rounded to bf16)
 upcasts a bf16 head and runs an fp32 GEMM: about half the default set's speed, whose bf16 GEMM
 uses the AVX512-BF16 dot instructions (measured 0.30-0.53x, issue 3). And its row-parallel
 linear makes one oneDNN call per virtual shard plus a tree (0.14-0.91x). torch on the CPU has no
@@ -15,6 +16,10 @@ fixed by that rule whatever the batch, the row's position, the thread count or t
 block, and an ``-O0`` build (portable C) gives the bits of the AVX-512 build (tests). The packed
 weight is cached while the weight is unchanged (``aligned.gemm.cached_from_weights``).
 
+- ``linear(x, weight, bias)``: the rule on x's dtype (fp32, or bf16 with fp32 sums; fp16 upcast
+  exactly to fp32; fp64 keeps the aligned op), rounded to x's dtype, plus the bias; the aligned
+  linear's column-parallel property holds by construction (an output column's bits do not depend
+  on the other columns).
 - ``lm_head(hidden, weight)``: bf16 hidden and weight (and an even K) run the bf16 rule; any
   other dtypes are upcast to fp32 first, as the aligned lm_head does, and run the fp32 rule.
 - ``row_parallel_linear``: the virtual-shard partials (``collectives.virtual_shard_reduce``)
@@ -41,6 +46,9 @@ from ._autograd import native_with_reference_backward
 PANEL = 16
 PANELS_PER_BLOCK = 4
 _BLOCK_COLS = PANEL * PANELS_PER_BLOCK
+#: dtypes linear and row_parallel_linear compute natively (exactly upcast to fp32 or bf16 pairs); others
+#: (fp64) keep the aligned op, whose precision the fp32 rule would lower
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _pack(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -126,6 +134,21 @@ def panel_gemm(
     return out
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` semantics (weight ``[out, in]``, any leading dims) by the gemm.c rule, the result
+    rounded to x's dtype once, then the bias added (as the aligned linear does)."""
+    if x.dtype not in _NATIVE_DTYPES or weight.dtype not in _NATIVE_DTYPES:
+        return aligned_dense.linear(x, weight, bias)
+    aligned_dense._check_linear(x, weight, bias)
+    x2d = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+    out = native_with_reference_backward(
+        lambda: panel_gemm(x2d, weight)[0].to(x.dtype), aligned_dense.linear, x2d, weight
+    )
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
 def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """fp32 logits ``[T, V]`` of ``hidden [..., H]`` against ``weight [V, H]`` (module docstring)."""
     if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
@@ -162,6 +185,8 @@ def row_parallel_linear(
     group=None,
     virtual_shards: int = 4,
 ) -> torch.Tensor:
+    if x_local.dtype not in _NATIVE_DTYPES or weight_local.dtype not in _NATIVE_DTYPES:
+        return aligned_dense.row_parallel_linear(x_local, weight_local, bias, group, virtual_shards)
     aligned_dense._check_linear(x_local, weight_local, None)
     x2d = x_local.reshape(-1, x_local.shape[-1])
     needs_grad = torch.is_grad_enabled() and (x2d.requires_grad or weight_local.requires_grad)
