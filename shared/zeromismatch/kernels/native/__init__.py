@@ -1,8 +1,8 @@
 """The aligned-native kernel set: the aligned set with its hot ops in fixed-order C.
 
 Those ops are attention and paged_attention (``attention.py``), the Mamba2 ``ssm_scan``
-(``ssm.py``), ``linear``, ``lm_head`` and ``row_parallel_linear`` (``gemm.py``); every other op is the
-pure-torch aligned op (``kernels/aligned``). The C sources are compiled with the system C
+(``ssm.py``), ``linear``, ``lm_head`` and ``row_parallel_linear`` (``gemm.py``); every other op is
+the pure-torch aligned op (``kernels/aligned``). The C sources are compiled with the system C
 compiler on first use (``_build.py``). Every value the C code produces is one fixed sequence
 of IEEE operations, so the set keeps the aligned set's
 invariances by construction; its bits differ from the pure-torch aligned set's, so the engine
