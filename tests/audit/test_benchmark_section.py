@@ -34,6 +34,25 @@ def test_ops_geomean_and_worst_come_from_the_cases(tmp_path):
     assert "(`reproduced/benchmarks/ops.json`, 1 thread(s), git 0123456789ab-dirty)" in text
 
 
+def test_per_kernel_set_summary_swaps_in_the_native_rows(tmp_path):
+    """The aligned-native set is read as the plain rows with each ``<op>_native`` row in place of
+    ``<op>``; the aligned set as the plain rows alone."""
+    cases = [
+        {"op": "linear", "shape": "M=1", "throughput_ratio": 0.5},
+        {"op": "linear", "shape": "M=16", "throughput_ratio": 0.6},
+        {"op": "rms_norm", "shape": "M=1", "throughput_ratio": 0.95},
+        {"op": "linear_native", "shape": "M=1", "throughput_ratio": 0.8},
+        {"op": "linear_native", "shape": "M=16", "throughput_ratio": 1.25},
+    ]
+    write_benchmark(tmp_path, "ops", {"cases": cases, "threads": 1})
+    text = "\n".join(benchmark_lines(tmp_path))
+    assert "- `aligned` set: 1 of 2 ops at geomean ≥ 0.9 (below: linear 0.55); 1 of 3 shapes ≥ 0.9." in text
+    assert "- `aligned-native` set: 2 of 2 ops at geomean ≥ 0.9 (below: none); 2 of 3 shapes ≥ 0.9." in text
+    # without native rows there is no per-set summary
+    write_benchmark(tmp_path, "ops", {"cases": cases[:3], "threads": 1})
+    assert "Per kernel set" not in "\n".join(benchmark_lines(tmp_path))
+
+
 def test_rollout_async_and_vllm_peer_tables(tmp_path):
     write_benchmark(
         tmp_path,
