@@ -31,7 +31,7 @@ def mini() -> list[Arm]:
         Arm(
             "aligned_native",
             _base(kernels="aligned-native"),
-            "the aligned set with attention and scan in fixed-order C (kernels/native) on both sides",
+            "the aligned set with attention, scan and GEMMs in fixed-order C (kernels/native) on both sides",
         ),
     ]
 
