@@ -222,6 +222,7 @@ _NATIVE_OPS = {
     "ssm_scan_prefill": "ssm_scan",
     "ssm_scan_decode": "ssm_scan",
     "linear": "linear",
+    "quant_linear": "quant_linear",
     "lm_head": "lm_head",
     "row_parallel_linear": "row_parallel_linear",
 }

@@ -64,6 +64,7 @@ def test_every_kernel_set_implements_every_op_from_its_own_modules():
     from zeromismatch.kernels.native import NativeKernels  # importing it compiles nothing
 
     native_ops = {"attention", "paged_attention", "ssm_scan", "linear", "lm_head", "row_parallel_linear"}
+    native_ops |= {"quant_linear"}
     for name in available_kernels():
         kernels = NativeKernels if name == "aligned-native" else get_kernels(name)
         for op in KernelSet.__abstractmethods__:

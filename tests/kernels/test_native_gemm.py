@@ -162,6 +162,23 @@ def test_row_parallel_accuracy_against_float64():
         assert err < tol
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_quant_linear_is_the_native_linear_of_the_dequantized_weight(fmt):
+    """Weight-only: the aligned set's cached dequantization, then the native GEMM; rows stay
+    batch-invariant (no scale spans the batch)."""
+    from zeromismatch.kernels.quant import cached_dequantize, quantize_fp8, quantize_nvfp4
+
+    gen = torch.Generator().manual_seed(10)
+    x, w = _rand(gen, 9, 64), _rand(gen, 48, 64, scale=0.1)
+    qweight = quantize_fp8(w) if fmt == "fp8" else quantize_nvfp4(w)
+    out = NATIVE.quant_linear(x, qweight)
+    assert torch.equal(out, NATIVE.linear(x, cached_dequantize(qweight, x.dtype)))
+    for i in range(9):
+        assert torch.equal(NATIVE.quant_linear(x[i : i + 1], qweight), out[i : i + 1])
+    with pytest.raises(TypeError, match="QuantizedWeight"):
+        NATIVE.quant_linear(x, w)
+
+
 def test_gradients_are_the_aligned_ops():
     gen = torch.Generator().manual_seed(6)
     h, w = _rand(gen, 6, 64), _rand(gen, 50, 64, scale=0.1)

@@ -1,4 +1,4 @@
-"""Native fixed-order GEMMs (gemm.c): the aligned-native ``linear``, ``lm_head`` and ``row_parallel_linear``.
+"""Native fixed-order GEMMs (gemm.c): the aligned-native linear, quant_linear, lm_head, row-parallel.
 
 Why. The aligned linear pays a oneDNN call's fixed cost plus row padding (0.22-0.86x of the default
 at one row). The aligned set's fp32 lm_head (PipelineRL's fix: logits in fp32, not rounded to bf16)
@@ -20,6 +20,7 @@ weight is cached while the weight is unchanged (``aligned.gemm.cached_from_weigh
   exactly to fp32; fp64 keeps the aligned op), rounded to x's dtype, plus the bias; the aligned
   linear's column-parallel property holds by construction (an output column's bits do not depend
   on the other columns).
+- ``quant_linear``: the aligned set's dequantization (weight-only, cached), then ``linear``.
 - ``lm_head(hidden, weight)``: bf16 hidden and weight (and an even K) run the bf16 rule; any
   other dtypes are upcast to fp32 first, as the aligned lm_head does, and run the fp32 rule.
 - ``row_parallel_linear``: the virtual-shard partials (``collectives.virtual_shard_reduce``)
@@ -33,12 +34,15 @@ aligned set's, so engine and trainer must both run aligned-native. CPU only.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
 from .. import collectives
 from ..aligned import dense as aligned_dense
 from ..aligned.gemm import cached_from_weights, row_invariant_pieces
+from ..base import QuantizedWeight
+from ..quant import cached_dequantize
 from . import _build
 from ._autograd import native_with_reference_backward
 
@@ -65,21 +69,56 @@ def _pack(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
     return packed, packed.numel() * packed.element_size()
 
 
-def _packed(weight: torch.Tensor) -> torch.Tensor:
-    cached = cached_from_weights((weight,), ("native-panels",), lambda: _pack(weight.detach()))
-    if cached is not None:
-        return cached
-    with torch.no_grad():
-        return _pack(weight.detach())[0]
+def _packed(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``weight`` cast to ``dtype`` and packed, from the packed-weight cache (keyed by the weight
+    itself, so a bf16 head used with the fp32 rule is cast once, not per call)."""
+    hit = _last_packed.get(id(weight))
+    # the same weight object, unchanged since (the cache's own staleness rules, checked cheaply)
+    if (
+        hit is not None
+        and hit[0]() is weight
+        and hit[1] == (weight._version, weight.data_ptr(), dtype)
+        and not (torch.is_grad_enabled() and weight.requires_grad)
+    ):
+        packed = hit[2]()
+        if packed is not None:
+            return packed
+    cached = cached_from_weights(
+        (weight,), ("native-panels", dtype), lambda: _pack(weight.detach().to(dtype))
+    )
+    if cached is None:
+        with torch.no_grad():
+            return _pack(weight.detach().to(dtype))[0]
+    if len(_last_packed) >= _LAST_PACKED_LIMIT:
+        _last_packed.pop(next(iter(_last_packed)))
+    # weak references only: the packed-weight cache alone decides what stays in memory
+    state = (weight._version, weight.data_ptr(), dtype)
+    _last_packed[id(weight)] = (weakref.ref(weight), state, weakref.ref(cached))
+    return cached
 
 
-def _check_cpu(*tensors: torch.Tensor) -> None:
-    if any(t.device.type != "cpu" for t in tensors):
-        raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
+#: a front for the packed-weight cache: its lookup costs a few microseconds, a model's GEMM of one
+#: decode row about as much
+_last_packed: dict[int, tuple] = {}
+_LAST_PACKED_LIMIT = 256
 
 
 def _uses_bf16_rule(x: torch.Tensor, weight: torch.Tensor, piece_k: int) -> bool:
     return x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and piece_k % 2 == 0
+
+
+_kernel_for: tuple = (None, None)  # (build flags object, its zm_panel_gemm)
+
+
+def _kernel():
+    """``zm_panel_gemm`` of the library for the current ``_build.build_flags`` (tests swap them),
+    without ``_build.library()``'s lock on every call."""
+    global _kernel_for
+    flags, kernel = _kernel_for
+    if flags is not _build.build_flags:
+        kernel = _build.library().zm_panel_gemm
+        _kernel_for = (_build.build_flags, kernel)
+    return kernel
 
 
 #: most pieces gemm.c sums itself (ZM_MAX_TREE_PIECES)
@@ -98,13 +137,17 @@ def panel_gemm(
     each rounded to ``round_to`` when given (values stay fp32 tensors). With ``reduce`` (at most
     ``MAX_TREE_PIECES`` pieces), ``[M, N]``: those partials summed by ``collectives.tree_sum``'s
     fixed tree, bit for bit. No autograd."""
-    _check_cpu(x2d, weight)
+    if not (x2d.is_cpu and weight.is_cpu):
+        raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
     m, k = x2d.shape
     n = weight.shape[0]
-    piece_k = k // pieces
-    if not _uses_bf16_rule(x2d, weight, piece_k):
-        x2d, weight = x2d.float(), weight.float()
-    x2d = x2d.detach().resolve_neg().resolve_conj().contiguous()
+    dtype = torch.bfloat16 if _uses_bf16_rule(x2d, weight, k // pieces) else torch.float32
+    if x2d.dtype != dtype:
+        x2d = x2d.to(dtype)
+    if x2d.is_neg() or x2d.is_conj():  # a lazy view: its storage does not hold its values
+        x2d = x2d.resolve_neg().resolve_conj()
+    if x2d.stride(-1) != 1 or x2d.stride(0) < k:  # the kernel reads rows ldx apart, each contiguous
+        x2d = x2d.contiguous()
     if reduce and (pieces > MAX_TREE_PIECES or round_to not in (None, torch.float32, torch.bfloat16)):
         return collectives.tree_sum_fp32_(list(panel_gemm(x2d, weight, pieces, round_to).unbind(0)))
     out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32)
@@ -112,9 +155,9 @@ def panel_gemm(
         return out
     if k == 0:
         return out.zero_()
-    packed = _packed(weight)
-    is_bf16 = x2d.dtype == torch.bfloat16
-    _build.library().zm_panel_gemm(
+    packed = _packed(weight, dtype)
+    is_bf16 = dtype == torch.bfloat16
+    _kernel()(
         x2d.data_ptr(),
         x2d.stride(0),
         packed.data_ptr(),
@@ -140,13 +183,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dtype not in _NATIVE_DTYPES or weight.dtype not in _NATIVE_DTYPES:
         return aligned_dense.linear(x, weight, bias)
     aligned_dense._check_linear(x, weight, bias)
-    x2d = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
-    out = native_with_reference_backward(
-        lambda: panel_gemm(x2d, weight)[0].to(x.dtype), aligned_dense.linear, x2d, weight
-    )
+    flat = x.dim() != 2
+    x2d = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if flat else x
+    if torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad):
+        out = native_with_reference_backward(
+            lambda: panel_gemm(x2d, weight, reduce=True).to(x.dtype), aligned_dense.linear, x2d, weight
+        )
+    else:  # the common inference call, kept short: a decode row's GEMM costs microseconds
+        out = panel_gemm(x2d, weight, reduce=True)
+        if out.dtype != x.dtype:
+            out = out.to(x.dtype)
     if bias is not None:
         out = out + bias
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out.reshape(*x.shape[:-1], weight.shape[0]) if flat else out
+
+
+def quant_linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The aligned weight-only quantized linear (the cached, deterministic dequantization) with this
+    module's GEMM: no scale ever spans the batch."""
+    if not isinstance(qweight, QuantizedWeight):
+        raise TypeError(f"qweight must be a QuantizedWeight, got {type(qweight).__name__}")
+    return linear(x, cached_dequantize(qweight, x.dtype), bias)
 
 
 def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -188,15 +245,18 @@ def row_parallel_linear(
     if x_local.dtype not in _NATIVE_DTYPES or weight_local.dtype not in _NATIVE_DTYPES:
         return aligned_dense.row_parallel_linear(x_local, weight_local, bias, group, virtual_shards)
     aligned_dense._check_linear(x_local, weight_local, None)
-    x2d = x_local.reshape(-1, x_local.shape[-1])
+    flat = x_local.dim() != 2
+    x2d = x_local.reshape(math.prod(x_local.shape[:-1]), x_local.shape[-1]) if flat else x_local
     needs_grad = torch.is_grad_enabled() and (x2d.requires_grad or weight_local.requires_grad)
     if group is None and not needs_grad:
         # TP 1 without autograd: the partials and their tree in one call (the same bits)
-        collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)
+        if virtual_shards <= 0 or x2d.shape[1] % virtual_shards:
+            collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)  # raises the one error
         out = panel_gemm(x2d, weight_local, virtual_shards, round_to=x2d.dtype, reduce=True)
     else:
         out = collectives.virtual_shard_reduce(x2d, weight_local, group, virtual_shards, _native_pieces)
-    out = out.to(x_local.dtype)
+    if out.dtype != x_local.dtype:
+        out = out.to(x_local.dtype)
     if bias is not None:
         out = out + bias
-    return out.reshape(*x_local.shape[:-1], weight_local.shape[0])
+    return out.reshape(*x_local.shape[:-1], weight_local.shape[0]) if flat else out
