@@ -175,6 +175,14 @@ def test_quant_linear_is_the_native_linear_of_the_dequantized_weight(fmt):
     assert torch.equal(out, NATIVE.linear(x, cached_dequantize(qweight, x.dtype)))
     for i in range(9):
         assert torch.equal(NATIVE.quant_linear(x[i : i + 1], qweight), out[i : i + 1])
+    with torch.inference_mode():  # panels cached on the quantized tensors: same bits
+        assert torch.equal(NATIVE.quant_linear(x, qweight), out)
+    xb = x.bfloat16()
+    bias = _rand(gen, 48, dtype=torch.bfloat16)
+    expected = NATIVE.linear(xb, cached_dequantize(qweight, xb.dtype), bias)
+    assert torch.equal(NATIVE.quant_linear(xb, qweight, bias), expected)
+    with pytest.raises(ValueError, match="bias"):
+        NATIVE.quant_linear(x, qweight, torch.zeros(47))
     with pytest.raises(TypeError, match="QuantizedWeight"):
         NATIVE.quant_linear(x, w)
 

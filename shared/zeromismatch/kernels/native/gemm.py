@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import NamedTuple
 
 import torch
 
@@ -42,7 +43,7 @@ from .. import collectives
 from ..aligned import dense as aligned_dense
 from ..aligned.gemm import cached_from_weights, row_invariant_pieces
 from ..base import QuantizedWeight
-from ..quant import cached_dequantize
+from ..quant import cached_dequantize, dequantize
 from . import _build
 from ._autograd import native_with_reference_backward
 
@@ -125,9 +126,18 @@ def _kernel():
 MAX_TREE_PIECES = 16
 
 
+class PackedWeight(NamedTuple):
+    """A weight already packed for gemm.c (``panels``), its ``[n, k]`` shape and the rule's dtype."""
+
+    panels: torch.Tensor
+    n: int
+    k: int
+    dtype: torch.dtype
+
+
 def panel_gemm(
     x2d: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | PackedWeight,
     pieces: int = 1,
     round_to: torch.dtype | None = None,
     reduce: bool = False,
@@ -136,12 +146,18 @@ def panel_gemm(
     rule (bf16 rule when both are bf16 and the piece length is even, else fp32 on upcast inputs),
     each rounded to ``round_to`` when given (values stay fp32 tensors). With ``reduce`` (at most
     ``MAX_TREE_PIECES`` pieces), ``[M, N]``: those partials summed by ``collectives.tree_sum``'s
-    fixed tree, bit for bit. No autograd."""
-    if not (x2d.is_cpu and weight.is_cpu):
+    fixed tree, bit for bit. ``weight`` may come packed (``PackedWeight``). No autograd."""
+    prepacked = isinstance(weight, PackedWeight)
+    if not (x2d.is_cpu and (prepacked or weight.is_cpu)):
         raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
     m, k = x2d.shape
-    n = weight.shape[0]
-    dtype = torch.bfloat16 if _uses_bf16_rule(x2d, weight, k // pieces) else torch.float32
+    if prepacked:
+        n, dtype = weight.n, weight.dtype
+        if weight.k != k:
+            raise ValueError(f"x2d has {k} columns, the packed weight {weight.k}")
+    else:
+        n = weight.shape[0]
+        dtype = torch.bfloat16 if _uses_bf16_rule(x2d, weight, k // pieces) else torch.float32
     if x2d.dtype != dtype:
         x2d = x2d.to(dtype)
     if x2d.is_neg() or x2d.is_conj():  # a lazy view: its storage does not hold its values
@@ -155,7 +171,7 @@ def panel_gemm(
         return out
     if k == 0:
         return out.zero_()
-    packed = _packed(weight, dtype)
+    packed = weight.panels if prepacked else _packed(weight, dtype)
     is_bf16 = dtype == torch.bfloat16
     _kernel()(
         x2d.data_ptr(),
@@ -199,10 +215,35 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def quant_linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The aligned weight-only quantized linear (the cached, deterministic dequantization) with this
-    module's GEMM: no scale ever spans the batch."""
+    """The aligned weight-only quantized linear (deterministic dequantization, no scale spans the
+    batch) with this module's GEMM: ``linear(x, dequantize(qweight, x.dtype), bias)``, bit for bit.
+    Without autograd the packed panels are cached on the quantized tensors themselves, so no
+    dequantized copy is kept, and the cache works even under inference mode, where a dequantized
+    weight would be an inference tensor the packed-weight cache cannot key."""
     if not isinstance(qweight, QuantizedWeight):
         raise TypeError(f"qweight must be a QuantizedWeight, got {type(qweight).__name__}")
+    n, k = qweight.shape
+    if (
+        x.dtype in _NATIVE_DTYPES
+        and x.is_cpu
+        and x.dim() >= 1
+        and x.shape[-1] == k
+        and k > 0
+        and (bias is None or bias.shape == (n,))
+        and not (torch.is_grad_enabled() and x.requires_grad)
+    ):  # anything else takes the plain path below, which checks it and raises the one error
+        rule = torch.bfloat16 if x.dtype == torch.bfloat16 and k % 2 == 0 else torch.float32
+        tensors = (qweight.data, qweight.scales)
+        if qweight.global_scale is not None:
+            tensors += (qweight.global_scale,)
+        tag = ("native-panels-dequantized", qweight.format, (n, k), qweight.block, x.dtype, rule)
+        panels = cached_from_weights(tensors, tag, lambda: _pack(dequantize(qweight, x.dtype).to(rule)))
+        if panels is not None:
+            x2d = x.reshape(math.prod(x.shape[:-1]), k)
+            out = panel_gemm(x2d, PackedWeight(panels, n, k, rule), reduce=True).to(x.dtype)
+            if bias is not None:
+                out = out + bias
+            return out.reshape(*x.shape[:-1], n)
     return linear(x, cached_dequantize(qweight, x.dtype), bias)
 
 
