@@ -27,7 +27,8 @@ weight is cached while the weight is unchanged (``aligned.gemm.cached_from_weigh
   come from one call; partial p is the rule over piece p's k, rounded to x's dtype (as the
   aligned set's partials are), then the same fixed fp32 tree.
 
-The backward is the pure-torch aligned op's (``_autograd.py``). Bits differ from the pure-torch
+The backward is the plain gradient of the product (``_NativeMatmul``; at TP > 1 the pure-torch
+aligned pieces' gradient, ``_autograd.py``). Bits differ from the pure-torch
 aligned set's, so engine and trainer must both run aligned-native. CPU only.
 """
 
@@ -38,6 +39,7 @@ import weakref
 from typing import NamedTuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import collectives
 from ..aligned import dense as aligned_dense
@@ -193,6 +195,30 @@ def panel_gemm(
     return out
 
 
+class _NativeMatmul(torch.autograd.Function):
+    """``compute()`` (``x2d @ weight.T`` by gemm.c, in some output dtype) with the plain gradient
+    of that product, taken in the output's dtype: the trainer's backward needs no bitwise parity,
+    and writing it out avoids recomputing a reference forward (``_autograd.py``) in every backward.
+    The partials' rounding of the row-parallel form is treated as the identity, as torch's own
+    low-precision GEMMs are."""
+
+    @staticmethod
+    def forward(ctx, compute, x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x2d, weight)
+        return compute()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        x2d, weight = ctx.saved_tensors
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_x = grad_out.mm(weight.to(grad_out.dtype)).to(x2d.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_w = grad_out.t().mm(x2d.to(grad_out.dtype)).to(weight.dtype)
+        return None, grad_x, grad_w
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` semantics (weight ``[out, in]``, any leading dims) by the gemm.c rule, the result
     rounded to x's dtype once, then the bias added (as the aligned linear does)."""
@@ -202,9 +228,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flat = x.dim() != 2
     x2d = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if flat else x
     if torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad):
-        out = native_with_reference_backward(
-            lambda: panel_gemm(x2d, weight, reduce=True).to(x.dtype), aligned_dense.linear, x2d, weight
-        )
+        out = _NativeMatmul.apply(lambda: panel_gemm(x2d, weight, reduce=True).to(x.dtype), x2d, weight)
     else:  # the common inference call, kept short: a decode row's GEMM costs microseconds
         out = panel_gemm(x2d, weight, reduce=True)
         if out.dtype != x.dtype:
@@ -252,9 +276,9 @@ def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(f"lm_head: hidden {tuple(hidden.shape)} vs weight {tuple(weight.shape)}")
     h2d = hidden.reshape(math.prod(hidden.shape[:-1]), hidden.shape[-1])  # (-1 is ambiguous at H = 0)
-    return native_with_reference_backward(
-        lambda: panel_gemm(h2d, weight)[0], aligned_dense.lm_head, h2d, weight
-    )
+    if torch.is_grad_enabled() and (h2d.requires_grad or weight.requires_grad):
+        return _NativeMatmul.apply(lambda: panel_gemm(h2d, weight, reduce=True), h2d, weight)
+    return panel_gemm(h2d, weight, reduce=True)
 
 
 def _reference_pieces(pieces: int):
@@ -289,11 +313,15 @@ def row_parallel_linear(
     flat = x_local.dim() != 2
     x2d = x_local.reshape(math.prod(x_local.shape[:-1]), x_local.shape[-1]) if flat else x_local
     needs_grad = torch.is_grad_enabled() and (x2d.requires_grad or weight_local.requires_grad)
-    if group is None and not needs_grad:
-        # TP 1 without autograd: the partials and their tree in one call (the same bits)
+    if group is None:
+        # TP 1: the partials and their tree in one call (the same bits as gathering them)
         if virtual_shards <= 0 or x2d.shape[1] % virtual_shards:
             collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)  # raises the one error
-        out = panel_gemm(x2d, weight_local, virtual_shards, round_to=x2d.dtype, reduce=True)
+
+        def compute():
+            return panel_gemm(x2d, weight_local, virtual_shards, round_to=x2d.dtype, reduce=True)
+
+        out = _NativeMatmul.apply(compute, x2d, weight_local) if needs_grad else compute()
     else:
         out = collectives.virtual_shard_reduce(x2d, weight_local, group, virtual_shards, _native_pieces)
     if out.dtype != x_local.dtype:
