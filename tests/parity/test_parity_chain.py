@@ -186,7 +186,7 @@ def test_zm_parity_prints_exact_zeros_aligned_and_not_default(preset):
     assert first_mismatch(default_differs) is not None
 
 
-# ---- the aligned-native set (kernels/native: the aligned set with fixed-order C attention + scan) ----
+# ---- the aligned-native set (kernels/native: the aligned set with fixed-order C attention, scan, GEMMs) ----
 NATIVE = "aligned-native"
 
 
@@ -194,8 +194,9 @@ NATIVE = "aligned-native"
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_native_set_links_1_2_3_5(preset, dtype):
-    """Links 1, 2, 3 and 5 with the native attention on both sides (its inverses are the default
-    set's above: the native set changes only attention, which the default set breaks)."""
+    """Links 1, 2, 3 and 5 with the native kernels on both sides (their inverses are the default
+    set's above: the native set replaces attention, the scan and the GEMMs, which the default set
+    breaks)."""
     m = model(preset, NATIVE, dtype=dtype)
     assert not _microbatch_differs(m, seed=0)
     full = rollout(engine(m, NATIVE), seed=2)

@@ -39,8 +39,8 @@ def test_aligned_stack_has_zero_mismatch_and_unit_is_weights_at_lag_0(tmp_path):
 
 @pytest.mark.native
 def test_aligned_native_stack_has_zero_mismatch_at_lag(tmp_path):
-    """The RL loop on the aligned-native set (C attention and scan on both sides), lagged: the kernel term
-    of every step is exactly zero, as on the pure-torch aligned stack."""
+    """The RL loop on the aligned-native set (C attention, scan and GEMMs on both sides), lagged: the
+    kernel term of every step is exactly zero, as on the pure-torch aligned stack."""
     config = tiny_config(steps=3, lag=1, kernels="aligned-native", temperature=1.0, top_p=0.9)
     train(config, tmp_path / "run", quiet=True)
     for record in read_metrics(tmp_path / "run"):

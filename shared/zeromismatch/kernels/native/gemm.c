@@ -1,17 +1,17 @@
-/* Fixed-order GEMM over a panel-packed weight, for the aligned-native lm_head and row-parallel
- * linear.
+/* Fixed-order GEMM over a panel-packed weight, for the aligned-native linear, quant_linear,
+ * lm_head and row-parallel linear.
  *
  *   out[p][i][c] = sum over k in piece p of x[i][k] * w[c][k]     (x [M, K] row major)
  *
- * The weight is packed (by dense.py) into panels of 16 output columns: fp32 [panels][K][16],
+ * The weight is packed (by gemm.py) into panels of 16 output columns: fp32 [panels][K][16],
  * bf16 [panels][K/2][16][2] (the pairs vdpbf16ps reads). The rule that fixes every output's
  * bits, whatever M, N, the row's position, the thread count or the register block it lands in
  * (each output has its own accumulator; blocks only share loads):
  *   fp32: acc = fma(x[k], w[c][k], acc) for k ascending over the piece, from acc = 0;
  *   bf16: for each pair k = 2q, 2q + 1 ascending over the piece, the product at 2q + 1 and then the
- *         one at 2q are added, each with one rounding (a product of two bf16 values is exact in
- *         fp32, so this is fma), with denormal inputs and results flushed to zero: exactly what an
- *         AVX512-BF16 vdpbf16ps lane does (tests compare the portable path with it);
+ *         one at 2q are added, each step rounded once to 24 bits as if the exponent were unbounded,
+ *         then flushed to zero below FLT_MIN (denormal inputs count as zero): what an AVX512-BF16
+ *         vdpbf16ps lane does (tests compare the portable path with it, boundary cases included);
  *   with round_bf16 the fp32 result is rounded to bf16 (nearest even; stored as fp32).
  * The AVX-512 paths (FMA with a broadcast x, vdpbf16ps with a broadcast x pair) and the portable
  * C path below follow the same rule; the tests compare an -O0 build (portable C) with the
@@ -27,11 +27,25 @@
 #include "fixed_math.h"
 
 #define PANEL 16 /* output columns per panel: one 512-bit vector of fp32 accumulators */
-#define NV 4     /* panels per register block (dense.py pads the panel count to a multiple) */
+#define NV 4     /* panels per register block (gemm.py pads the panel count to a multiple) */
 #define MR 6     /* x rows per register block */
 
 /* ---- portable path: the rule, one output at a time ------------------------------------------ */
 static inline float flush(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
+
+/* one vdpbf16ps step: acc + a*b rounded once to 24 bits with an unbounded exponent, then flushed
+ * below FLT_MIN. fmaf rounds onto the denormal grid instead, which differs only when it lands on
+ * exactly +-FLT_MIN: an exact result just below FLT_MIN that 24-bit rounding keeps below it (so the
+ * instruction flushes it to zero). There the step is redone scaled by 2^24, where nothing underflows
+ * (|a| is then tiny and acc is zero or normal, so the scaling is exact and cannot overflow). */
+static inline float dot_step(float a, float b, float acc) {
+    float r = fmaf(a, b, acc);
+    if (fabsf(r) == FLT_MIN) {
+        const float scaled = fmaf(a * 0x1p24f, b, acc * 0x1p24f);
+        if (fabsf(scaled) < 0x1p-102f) r = copysignf(0.0f, scaled);
+    }
+    return flush(r);
+}
 
 static void block_c(const void *const *xr, int mr, const void *wp, int64_t ps, int is_bf16, int64_t kp,
                     float *out, int64_t ldo) {
@@ -45,7 +59,7 @@ static void block_c(const void *const *xr, int mr, const void *wp, int64_t ps, i
                         for (int e = 1; e >= 0; e--) {
                             const float a = flush(bf16_to_f32(x[2 * q + e]));
                             const float b = flush(bf16_to_f32(w[(q * PANEL + c) * 2 + e]));
-                            acc = flush(fmaf(a, b, acc));
+                            acc = dot_step(a, b, acc);
                         }
                 } else {
                     const float *x = (const float *)xr[i], *w = (const float *)wp + j * ps;
@@ -174,12 +188,12 @@ static void tree_sum_tiles(float (*t)[MR * NV * PANEL], int64_t count, int64_t l
 /* x [m, k] fp32 or bf16 bits (is_bf16), rows ldx elements apart; wp the packed weight with
  * npanels panels (a multiple of NV) over k; k / pieces must be whole (and even for bf16).
  * reduce = 0: out [pieces, m, n] fp32, the partials; reduce = 1 (pieces <= ZM_MAX_TREE_PIECES):
- * out [m, n] fp32, the partials summed by tree_sum in piece order. Returns 0, or 1 when reduce
- * asks for too many pieces. */
+ * out [m, n] fp32, the partials summed by tree_sum in piece order. Returns 0, or 1 when pieces
+ * is not a whole divisor of k (or reduce asks for too many). */
 #define ZM_MAX_TREE_PIECES 16
 int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
                   int64_t n, int64_t pieces, int round_bf16, int reduce, float *out, int threads) {
-    if (reduce && pieces > ZM_MAX_TREE_PIECES) return 1;
+    if (pieces < 1 || k % pieces != 0 || (reduce && pieces > ZM_MAX_TREE_PIECES)) return 1;
     const size_t elem = is_bf16 ? sizeof(uint16_t) : sizeof(float);
     const int64_t ps = k * PANEL, kp = k / pieces, nblocks = npanels / NV;
     const int64_t tiles = reduce ? pieces : 1;

@@ -3,15 +3,16 @@
 Why. The aligned linear pays a oneDNN call's fixed cost plus row padding (0.22-0.86x of the default
 at one row). The aligned set's fp32 lm_head (PipelineRL's fix: logits in fp32, not rounded to bf16)
 upcasts a bf16 head and runs an fp32 GEMM: about half the default set's speed, whose bf16 GEMM
-uses the AVX512-BF16 dot instructions (measured 0.30-0.53x, issue 3). And its row-parallel
+uses the AVX512-BF16 dot instructions (measured 0.30-0.54x, issue 3). And its row-parallel
 linear makes one oneDNN call per virtual shard plus a tree (0.14-0.91x). torch on the CPU has no
 bf16 GEMM with fp32 output that keeps up (MKL's ``cblas_gemm_bf16bf16f32`` measured 0.07-0.30x
 here), so ``gemm.c`` is one.
 
 What. ``gemm.c`` multiplies x by a weight packed into panels of 16 output columns and keeps one
 accumulator per output, updated in ascending k (fp32: fused multiply-add; bf16: the bf16 pair
-products exactly as one vdpbf16ps lane adds them, exact products in fp32 sums, so the logits
-have fp32 precision like the upcast GEMM's, in a different order). Every output's bits are
+products as one vdpbf16ps lane adds them, each step rounded once and flushed below FLT_MIN; bf16
+products lose nothing outside underflow, so the logits have fp32 precision like the upcast GEMM's,
+in a different order; gemm.c states the rule exactly). Every output's bits are
 fixed by that rule whatever the batch, the row's position, the thread count or the register
 block, and an ``-O0`` build (portable C) gives the bits of the AVX-512 build (tests). The packed
 weight is cached while the weight is unchanged (``aligned.gemm.cached_from_weights``).
@@ -72,16 +73,22 @@ def _pack(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
     return packed, packed.numel() * packed.element_size()
 
 
-def _packed(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _packed(weight: torch.Tensor, dtype: torch.dtype, cache: bool = True) -> torch.Tensor:
     """``weight`` cast to ``dtype`` and packed, from the packed-weight cache (keyed by the weight
-    itself, so a bf16 head used with the fp32 rule is cast once, not per call)."""
+    itself, so a bf16 head used with the fp32 rule is cast once, not per call). Packed afresh, never
+    cached: with ``cache=False`` (the trainer's forward of a weight being trained, whose packed copy
+    would only go stale; the aligned GEMM makes the same exception, see its ``_OneDNNLinear``) and a
+    lazily negated or conjugated view (it shares its storage, pointer and version with the plain
+    tensor, so a cache key cannot tell them apart)."""
+    if not cache or weight.is_neg() or weight.is_conj():
+        with torch.no_grad():
+            return _pack(weight.detach().resolve_neg().resolve_conj().to(dtype))[0]
     hit = _last_packed.get(id(weight))
     # the same weight object, unchanged since (the cache's own staleness rules, checked cheaply)
     if (
         hit is not None
         and hit[0]() is weight
         and hit[1] == (weight._version, weight.data_ptr(), dtype)
-        and not (torch.is_grad_enabled() and weight.requires_grad)
     ):
         packed = hit[2]()
         if packed is not None:
@@ -143,16 +150,20 @@ def panel_gemm(
     pieces: int = 1,
     round_to: torch.dtype | None = None,
     reduce: bool = False,
+    cache: bool = True,
 ) -> torch.Tensor:
     """``[pieces, M, N]`` fp32: piece p's ``x2d[:, piece p] @ weight[:, piece p].T`` by the gemm.c
     rule (bf16 rule when both are bf16 and the piece length is even, else fp32 on upcast inputs),
     each rounded to ``round_to`` when given (values stay fp32 tensors). With ``reduce`` (at most
     ``MAX_TREE_PIECES`` pieces), ``[M, N]``: those partials summed by ``collectives.tree_sum``'s
-    fixed tree, bit for bit. ``weight`` may come packed (``PackedWeight``). No autograd."""
+    fixed tree, bit for bit. ``weight`` may come packed (``PackedWeight``); ``cache=False`` packs it
+    without caching (a weight being trained). No autograd."""
     prepacked = isinstance(weight, PackedWeight)
     if not (x2d.is_cpu and (prepacked or weight.is_cpu)):
         raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
     m, k = x2d.shape
+    if not isinstance(pieces, int) or pieces < 1 or k % pieces:
+        raise ValueError(f"pieces must be a positive divisor of the input dim {k}, got {pieces!r}")
     if prepacked:
         n, dtype = weight.n, weight.dtype
         if weight.k != k:
@@ -167,15 +178,16 @@ def panel_gemm(
     if x2d.stride(-1) != 1 or x2d.stride(0) < k:  # the kernel reads rows ldx apart, each contiguous
         x2d = x2d.contiguous()
     if reduce and (pieces > MAX_TREE_PIECES or round_to not in (None, torch.float32, torch.bfloat16)):
-        return collectives.tree_sum_fp32_(list(panel_gemm(x2d, weight, pieces, round_to).unbind(0)))
+        partials = panel_gemm(x2d, weight, pieces, round_to, cache=cache)
+        return collectives.tree_sum_fp32_(list(partials.unbind(0)))
     out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32)
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.zero_()
-    packed = weight.panels if prepacked else _packed(weight, dtype)
+    packed = weight.panels if prepacked else _packed(weight, dtype, cache)
     is_bf16 = dtype == torch.bfloat16
-    _kernel()(
+    status = _kernel()(
         x2d.data_ptr(),
         x2d.stride(0),
         packed.data_ptr(),
@@ -190,6 +202,8 @@ def panel_gemm(
         out.data_ptr(),
         torch.get_num_threads(),
     )
+    if status != 0:  # unreachable after the checks above; never return an unwritten buffer
+        raise RuntimeError(f"zm_panel_gemm refused pieces={pieces} for input dim {k}")
     if round_to is not None and round_to not in (torch.float32, torch.bfloat16):
         out = out.to(round_to).float()
     return out
@@ -228,7 +242,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flat = x.dim() != 2
     x2d = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if flat else x
     if torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad):
-        out = _NativeMatmul.apply(lambda: panel_gemm(x2d, weight, reduce=True).to(x.dtype), x2d, weight)
+        trained = weight.requires_grad
+        out = _NativeMatmul.apply(
+            lambda: panel_gemm(x2d, weight, reduce=True, cache=not trained).to(x.dtype), x2d, weight
+        )
     else:  # the common inference call, kept short: a decode row's GEMM costs microseconds
         out = panel_gemm(x2d, weight, reduce=True)
         if out.dtype != x.dtype:
@@ -277,7 +294,10 @@ def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"lm_head: hidden {tuple(hidden.shape)} vs weight {tuple(weight.shape)}")
     h2d = hidden.reshape(math.prod(hidden.shape[:-1]), hidden.shape[-1])  # (-1 is ambiguous at H = 0)
     if torch.is_grad_enabled() and (h2d.requires_grad or weight.requires_grad):
-        return _NativeMatmul.apply(lambda: panel_gemm(h2d, weight, reduce=True), h2d, weight)
+        trained = weight.requires_grad
+        return _NativeMatmul.apply(
+            lambda: panel_gemm(h2d, weight, reduce=True, cache=not trained), h2d, weight
+        )
     return panel_gemm(h2d, weight, reduce=True)
 
 
@@ -291,8 +311,9 @@ def _reference_pieces(pieces: int):
 def _native_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -> list[torch.Tensor]:
     if x2d.shape[1] % pieces != 0:
         raise ValueError(f"input dim {x2d.shape[1]} is not divisible into {pieces} pieces")
+    trained = torch.is_grad_enabled() and weight.requires_grad
     stacked = native_with_reference_backward(
-        lambda: panel_gemm(x2d, weight, pieces, round_to=x2d.dtype),
+        lambda: panel_gemm(x2d, weight, pieces, round_to=x2d.dtype, cache=not trained),
         _reference_pieces(pieces),
         x2d,
         weight,
@@ -318,8 +339,12 @@ def row_parallel_linear(
         if virtual_shards <= 0 or x2d.shape[1] % virtual_shards:
             collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)  # raises the one error
 
+        trained = needs_grad and weight_local.requires_grad
+
         def compute():
-            return panel_gemm(x2d, weight_local, virtual_shards, round_to=x2d.dtype, reduce=True)
+            return panel_gemm(
+                x2d, weight_local, virtual_shards, round_to=x2d.dtype, reduce=True, cache=not trained
+            )
 
         out = _NativeMatmul.apply(compute, x2d, weight_local) if needs_grad else compute()
     else:
