@@ -124,35 +124,28 @@ ZM_BF16(5)
 ZM_BF16(6)
 #endif
 
+/* the register-block variant for mr rows (1..MR): KERNEL##_mr(x, w, ps, kp, out, ldo) */
+#define ZM_DISPATCH(KERNEL, X_TYPE, W_TYPE)                                                               \
+    do {                                                                                                  \
+        const X_TYPE *const *x = (const X_TYPE *const *)xr;                                               \
+        const W_TYPE *w = (const W_TYPE *)wp;                                                             \
+        switch (mr) {                                                                                     \
+        case 6: KERNEL##_6(x, w, ps, kp, out, ldo); return;                                               \
+        case 5: KERNEL##_5(x, w, ps, kp, out, ldo); return;                                               \
+        case 4: KERNEL##_4(x, w, ps, kp, out, ldo); return;                                               \
+        case 3: KERNEL##_3(x, w, ps, kp, out, ldo); return;                                               \
+        case 2: KERNEL##_2(x, w, ps, kp, out, ldo); return;                                               \
+        default: KERNEL##_1(x, w, ps, kp, out, ldo); return;                                              \
+        }                                                                                                 \
+    } while (0)
+
 static void block(const void *const *xr, int mr, const void *wp, int64_t ps, int is_bf16, int64_t kp, float *out,
                   int64_t ldo) {
 #ifdef __AVX512BF16__
-    if (is_bf16) {
-        const uint16_t *const *x = (const uint16_t *const *)xr;
-        const uint16_t *w = (const uint16_t *)wp;
-        switch (mr) {
-        case 6: bf16_6(x, w, ps, kp, out, ldo); return;
-        case 5: bf16_5(x, w, ps, kp, out, ldo); return;
-        case 4: bf16_4(x, w, ps, kp, out, ldo); return;
-        case 3: bf16_3(x, w, ps, kp, out, ldo); return;
-        case 2: bf16_2(x, w, ps, kp, out, ldo); return;
-        default: bf16_1(x, w, ps, kp, out, ldo); return;
-        }
-    }
+    if (is_bf16) ZM_DISPATCH(bf16, uint16_t, uint16_t);
 #endif
 #ifdef __AVX512F__
-    if (!is_bf16) {
-        const float *const *x = (const float *const *)xr;
-        const float *w = (const float *)wp;
-        switch (mr) {
-        case 6: f32_6(x, w, ps, kp, out, ldo); return;
-        case 5: f32_5(x, w, ps, kp, out, ldo); return;
-        case 4: f32_4(x, w, ps, kp, out, ldo); return;
-        case 3: f32_3(x, w, ps, kp, out, ldo); return;
-        case 2: f32_2(x, w, ps, kp, out, ldo); return;
-        default: f32_1(x, w, ps, kp, out, ldo); return;
-        }
-    }
+    if (!is_bf16) ZM_DISPATCH(f32, float, float);
 #endif
     block_c(xr, mr, wp, ps, is_bf16, kp, out, ldo);
 }
