@@ -197,7 +197,8 @@ _native_not_run: str | None = None
 
 
 def sequence_cases(dense: list[OpCase] = ()) -> list[OpCase]:
-    """ops_sequence_cases' cases, then the aligned-native twins of ``dense`` (lm_head, row-parallel)."""
+    """ops_sequence_cases' cases, then the aligned-native twins of ``dense`` (the ops in
+    ops_sequence_cases._NATIVE_OPS: linear, quant_linear, lm_head, row_parallel_linear)."""
     global _native_not_run
     path = Path(__file__).resolve().parent / "ops_sequence_cases.py"
     if not path.exists():

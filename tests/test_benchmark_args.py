@@ -144,3 +144,19 @@ def test_make_bench_writes_each_benchmark_file_explicitly():
     for name in ("ops", "rollout", "async"):
         assert f"benchmarks/{name}.py" in recipe and f"--out $(BENCH_OUT)/{name}.json" in recipe
     assert "BENCH_OUT := results/reproduced/benchmarks" in makefile
+
+
+@pytest.mark.native
+def test_every_native_twin_names_an_existing_op_case():
+    """A typo in ops_sequence_cases._NATIVE_OPS would silently drop that op's aligned-native rows."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        ops = _load("ops")
+        dense = ops.dense_cases()
+        cases = dense + ops.sequence_cases(dense)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    names = {case.name for case in cases}
+    sequence = _load("ops_sequence_cases")
+    for op in sequence._NATIVE_OPS:
+        assert op in names and f"{op}_native" in names, op

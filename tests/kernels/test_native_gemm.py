@@ -172,12 +172,25 @@ def test_lazy_negated_weight_view_is_not_served_the_plain_weights_panels():
     assert torch.equal(NATIVE.linear(h, torch._neg_view(w)), -NATIVE.linear(h, w))
 
 
-def test_pieces_must_divide_the_input_dim():
+def test_pieces_and_weights_are_checked():
     gen = torch.Generator().manual_seed(14)
     x, w = _rand(gen, 2, 10), _rand(gen, 8, 10)
     for pieces in (3, 0, -1, 11):
         with pytest.raises(ValueError, match="pieces"):
             native_gemm.panel_gemm(x, w, pieces, reduce=True)
+    with pytest.raises(ValueError, match="weight must be"):
+        native_gemm.panel_gemm(x, _rand(gen, 8, 16))
+    panels, _ = native_gemm._pack(w.bfloat16())
+    bad = [
+        native_gemm.PackedWeight(panels, 8, 10, torch.float16),  # not a rule dtype
+        native_gemm.PackedWeight(panels, 200, 10, torch.bfloat16),  # more columns than panels
+        native_gemm.PackedWeight(panels, 8, 12, torch.bfloat16),  # another K
+    ]
+    for packed in bad:
+        with pytest.raises(ValueError, match="packed weight"):
+            native_gemm.panel_gemm(x.bfloat16(), packed)
+    with pytest.raises(ValueError, match="packed weight"):  # odd bf16 pieces
+        native_gemm.panel_gemm(x.bfloat16(), native_gemm.PackedWeight(panels, 8, 10, torch.bfloat16), 2)
 
 
 def test_many_virtual_shards_take_the_python_tree():
@@ -261,18 +274,80 @@ def test_quant_linear_is_the_native_linear_of_the_dequantized_weight(fmt):
         NATIVE.quant_linear(x, w)
 
 
-def test_gradients_are_the_aligned_ops():
+@pytest.mark.parametrize(
+    "dtype, tol",
+    [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 3e-3)],
+    ids=["fp32", "bf16", "fp16"],
+)
+def test_gradients_are_the_aligned_ops(dtype, tol):
+    """The written-out backward against the aligned set's (autograd through its GEMMs), in each
+    dtype's own precision (relative to the largest gradient)."""
     gen = torch.Generator().manual_seed(6)
-    h, w = _rand(gen, 6, 64), _rand(gen, 50, 64, scale=0.1)
+    h, w = _rand(gen, 2, 3, 64, dtype=dtype), _rand(gen, 50, 64, dtype=dtype, scale=0.1)
     grads = []
     for kernels in (NATIVE, ALIGNED):
         hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-        loss = kernels.lm_head(hh, ww).square().sum() + kernels.row_parallel_linear(hh, ww[:, :64]).sum()
-        loss = loss + kernels.linear(hh, ww).sin().sum()
+        loss = kernels.lm_head(hh, ww).square().sum()
+        loss = loss + kernels.row_parallel_linear(hh, ww[:, :64]).float().sum()
+        loss = loss + kernels.linear(hh, ww).float().sin().sum()
         loss.backward()
+        assert hh.grad.dtype == dtype and ww.grad.dtype == dtype
         grads.append((hh.grad, ww.grad))
     for native, aligned in zip(*grads):
-        assert torch.allclose(native, aligned, rtol=1e-5, atol=1e-5)
+        scale = aligned.float().abs().max()
+        assert ((native.float() - aligned.float()).abs().max() / scale) < tol
+
+
+def test_fp16_takes_the_fp32_rule_and_rounds_once():
+    """fp16 is upcast exactly to fp32; the linear rounds once to fp16; row-parallel partials are
+    rounded to fp16 and summed by the same tree (in torch: gemm.c rounds only to bf16)."""
+    gen = torch.Generator().manual_seed(16)
+    x, w = _rand(gen, 5, 64, dtype=torch.float16), _rand(gen, 24, 64, dtype=torch.float16, scale=0.2)
+    assert torch.equal(NATIVE.linear(x, w), NATIVE.linear(x.float(), w.float()).half())
+    pieces = native_gemm.panel_gemm(x.float(), w.float(), 4).half().float()
+    assert torch.equal(NATIVE.row_parallel_linear(x, w), collectives.tree_sum(list(pieces.unbind(0))).half())
+    assert torch.equal(NATIVE.row_parallel_linear(x[3:4], w), NATIVE.row_parallel_linear(x, w)[3:4])
+
+
+def test_front_cache_sees_data_reassignment_and_clears():
+    """The packed weight is keyed by the tensor, its storage, geometry and version: reassigning
+    ``.data`` (as ``Module.to`` does; it keeps the object and version) is seen, and so is a write
+    that bypasses the version counter once ``clear_packed_weights()`` is called."""
+    from zeromismatch.kernels.aligned.gemm import clear_packed_weights
+
+    gen = torch.Generator().manual_seed(17)
+    x, w = _rand(gen, 3, 32), _rand(gen, 24, 32, scale=0.2)
+    NATIVE.linear(x, w)
+    w.data = w.data.t().contiguous().t()  # same values, new storage and strides
+    assert torch.equal(NATIVE.linear(x, w), NATIVE.linear(x, w.detach().clone()))
+    w.data = _rand(gen, 24, 64, scale=0.2)[:, :32]  # same shape, new values and strides
+    assert torch.equal(NATIVE.linear(x, w), NATIVE.linear(x, w.detach().clone()))
+    head = torch.nn.Linear(32, 24, bias=False)
+    NATIVE.lm_head(x, head.weight)
+    head.bfloat16().float()  # a Module.to round trip: .data reassigned twice
+    assert torch.equal(NATIVE.lm_head(x, head.weight), NATIVE.lm_head(x, head.weight.detach().clone()))
+    before = NATIVE.linear(x, w)
+    w.data.mul_(2)  # in place through .data: no version bump, so only a clear reveals it
+    clear_packed_weights()
+    assert torch.equal(NATIVE.linear(x, w), NATIVE.linear(x, w.detach().clone()))
+    assert not torch.equal(NATIVE.linear(x, w), before)
+
+
+def test_quant_linear_paths_match_the_plain_definition():
+    """fp16 and bf16 with an odd K (both the fp32 rule), a 3-D x, and the autograd path."""
+    from zeromismatch.kernels.quant import cached_dequantize, quantize_fp8
+
+    gen = torch.Generator().manual_seed(18)
+    for k, dtype in ((64, torch.float16), (63, torch.bfloat16), (64, torch.bfloat16)):
+        qweight = quantize_fp8(_rand(gen, 40, k, scale=0.1))
+        x = _rand(gen, 2, 3, k, dtype=dtype)
+        expected = NATIVE.linear(x, cached_dequantize(qweight, dtype))
+        assert torch.equal(NATIVE.quant_linear(x, qweight), expected)
+        xg = x.clone().requires_grad_()
+        out = NATIVE.quant_linear(xg, qweight)
+        assert torch.equal(out.detach(), expected)
+        out.float().sum().backward()
+        assert xg.grad is not None and xg.grad.shape == x.shape
 
 
 def test_native_and_pure_torch_aligned_bf16_bits_differ():

@@ -190,6 +190,10 @@ def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             results[f"aligned_col_{name}"] = torch.cat(
                 collectives.all_gather_stacked(ALIGNED.linear(x, w_c), dist.group.WORLD).unbind(0), dim=-1
             )
+            # gradients through the gather: each rank gets its slice of the TP 1 gradient
+            xg, wg = x_r.clone().requires_grad_(), w_r.clone().requires_grad_()
+            ALIGNED.row_parallel_linear(xg, wg, None, group, 4).float().square().sum().backward()
+            results[f"grads_{name}"] = (xg.grad, wg.grad)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -209,4 +213,13 @@ def test_gloo_world_size_2_matches_tp1():
             assert torch.equal(res[f"aligned_col_{name}"], ALIGNED.linear(x, w))
         default_tp1 = DEFAULT.linear(x.float(), w.float())
         default_differs |= not torch.equal(ranks[0][f"default_row_{name}"], default_tp1)
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        ALIGNED.row_parallel_linear(xg, wg, None, None, 4).float().square().sum().backward()
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        for rank, res in enumerate(ranks):
+            grad_x, grad_w = res[f"grads_{name}"]
+            x_slice, w_slice = collectives.shard_rows(xg.grad, wg.grad, 2, rank)
+            assert grad_x is not None and grad_w is not None
+            assert torch.allclose(grad_x.float(), x_slice.float(), rtol=tol, atol=tol * x_slice.abs().max())
+            assert torch.allclose(grad_w.float(), w_slice.float(), rtol=tol, atol=tol * w_slice.abs().max())
     assert default_differs

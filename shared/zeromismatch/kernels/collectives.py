@@ -82,10 +82,32 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+class _AllGatherReplicated(torch.autograd.Function):
+    """all_gather for tensor-parallel activations that every rank then uses identically (the
+    row-parallel partials, summed into a replicated output): every rank backpropagates the same
+    loss, so a rank's own slice of the incoming gradient is its tensor's gradient, with no
+    communication (Megatron's gather-from-the-TP-region). ``dist.all_gather`` alone has no
+    gradient: the output would silently carry none."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group) -> torch.Tensor:
+        ctx.rank = dist.get_rank(group)
+        out = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, local.contiguous(), group=group)
+        return torch.stack(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad[ctx.rank], None
+
+
 def all_gather_stacked(local: torch.Tensor, group) -> torch.Tensor:
-    """``[d, *local.shape]``: every rank's tensor in rank order (identity at d=1)."""
+    """``[d, *local.shape]``: every rank's tensor in rank order (identity at d=1). Differentiable
+    for replicated use (``_AllGatherReplicated``)."""
     if group is None:
         return local.unsqueeze(0)
+    if torch.is_grad_enabled() and local.requires_grad:
+        return _AllGatherReplicated.apply(local, group)
     out = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, local.contiguous(), group=group)
     return torch.stack(out)

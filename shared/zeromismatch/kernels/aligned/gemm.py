@@ -30,7 +30,8 @@ Staleness: an entry is keyed by the weight's root tensor (a view such as ``w_up[
 ``w[:, piece]`` is keyed by its base plus its offset/shape/strides), its data pointer and the
 in-place version counter shared by a tensor and its views; ``copy_``, ``add_`` and every
 autograd-visible in-place write bump that counter, and an entry dies with its root tensor
-(weak reference). Writes that bypass the counter -- through ``.data``, a numpy view, or
+(weak reference), as it does with its storage (so reassigning ``w.data``, as ``Module.to`` does, is
+seen). Writes that bypass the counter -- through ``.data``, a numpy view, or
 ``torch.optim`` with ``fused=True`` (measured: no bump) -- are NOT seen: call
 ``clear_packed_weights()`` after them. Not cached: inference tensors (no version counter),
 weights that need a gradient in the current grad mode (a trainer's step changes them
@@ -183,7 +184,9 @@ class _PackedWeights:
                 return None
             base = weight._base
             root = weight if base is None else base
-            roots.append(root)
+            # the storage too: ``w.data = other`` (as ``Module.to`` does) keeps the object and its
+            # version, and may even reuse the old address
+            roots.extend((root, weight.untyped_storage()))
             key.append((id(root), weight.data_ptr(), weight.shape, weight.stride(), weight.dtype))
             versions.append(weight._version)
         key, versions = tuple(key), tuple(versions)
@@ -202,6 +205,7 @@ class _PackedWeights:
             _, oldest = self.entries.popitem(last=False)
             self.nbytes -= oldest[2]
         entries = self.entries
+        # an entry dies with any of its roots or storages
         refs = tuple(weakref.ref(root, lambda _, key=key: self._drop(key, entries)) for root in roots)
         entries[key] = (refs, versions, nbytes, value)
         self.nbytes += nbytes
@@ -213,8 +217,13 @@ class _PackedWeights:
             self.nbytes -= entry[2]
 
     def clear(self) -> None:
-        self.entries = OrderedDict()
+        # empty the old dict too: its weak-reference callbacks hold it in a reference cycle, which
+        # would keep the cleared values alive (and reachable) until the garbage collector runs
+        old, self.entries = self.entries, OrderedDict()
         self.nbytes = 0
+        old.clear()
+        global _generation
+        _generation += 1
 
 
 def _budget_from_env() -> int:
@@ -226,6 +235,13 @@ def _budget_from_env() -> int:
 
 
 _PACKED = _PackedWeights(_budget_from_env())
+#: bumped by every ``clear_packed_weights()``: caches in front of this one compare it
+_generation = 0
+
+
+def packed_cache_generation() -> int:
+    """A number that changes whenever the packed-weight cache is cleared."""
+    return _generation
 
 
 def clear_packed_weights() -> None:

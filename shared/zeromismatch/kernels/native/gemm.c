@@ -182,11 +182,13 @@ static void tree_sum_tiles(float (*t)[MR * NV * PANEL], int64_t count, int64_t l
  * npanels panels (a multiple of NV) over k; k / pieces must be whole (and even for bf16).
  * reduce = 0: out [pieces, m, n] fp32, the partials; reduce = 1 (pieces <= ZM_MAX_TREE_PIECES):
  * out [m, n] fp32, the partials summed by tree_sum in piece order. Returns 0, or 1 when pieces
- * is not a whole divisor of k (or reduce asks for too many). */
+ * is not a whole divisor of k (with an even quotient for bf16), or reduce asks for too many. */
 #define ZM_MAX_TREE_PIECES 16
 int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
                   int64_t n, int64_t pieces, int round_bf16, int reduce, float *out, int threads) {
-    if (pieces < 1 || k % pieces != 0 || (reduce && pieces > ZM_MAX_TREE_PIECES)) return 1;
+    if (pieces < 1 || k % pieces != 0 || (is_bf16 && (k / pieces) % 2 != 0) ||
+        (reduce && pieces > ZM_MAX_TREE_PIECES))
+        return 1;
     const size_t elem = is_bf16 ? sizeof(uint16_t) : sizeof(float);
     const int64_t ps = k * PANEL, kp = k / pieces, nblocks = npanels / NV;
     const int64_t tiles = reduce ? pieces : 1;

@@ -29,7 +29,8 @@ weight is cached while the weight is unchanged (``aligned.gemm.cached_from_weigh
   aligned set's partials are), then the same fixed fp32 tree.
 
 The backward is the plain gradient of the product (``_NativeMatmul``; at TP > 1 the pure-torch
-aligned pieces' gradient, ``_autograd.py``). Bits differ from the pure-torch
+aligned pieces' gradient, ``_autograd.py``, through ``collectives.all_gather_stacked``'s
+gradient); no double backward. Bits differ from the pure-torch
 aligned set's, so engine and trainer must both run aligned-native. CPU only.
 """
 
@@ -44,7 +45,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import collectives
 from ..aligned import dense as aligned_dense
-from ..aligned.gemm import cached_from_weights, row_invariant_pieces
+from ..aligned.gemm import cached_from_weights, packed_cache_generation, row_invariant_pieces
 from ..base import QuantizedWeight
 from ..quant import cached_dequantize, dequantize
 from . import _build
@@ -84,13 +85,16 @@ def _packed(weight: torch.Tensor, dtype: torch.dtype, cache: bool = True) -> tor
         with torch.no_grad():
             return _pack(weight.detach().resolve_neg().resolve_conj().to(dtype))[0]
     hit = _last_packed.get(id(weight))
-    # the same weight object, unchanged since (the cache's own staleness rules, checked cheaply)
+    # the same weight object, storage, geometry and version since, and no cache clear in between
+    # (the packed-weight cache's own staleness rules, checked cheaply)
     if (
         hit is not None
         and hit[0]() is weight
-        and hit[1] == (weight._version, weight.data_ptr(), dtype)
+        and hit[1] == (weight._version, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype, dtype)
+        and hit[2] == packed_cache_generation()
+        and hit[3]() is weight.untyped_storage()
     ):
-        packed = hit[2]()
+        packed = hit[4]()
         if packed is not None:
             return packed
     cached = cached_from_weights(
@@ -100,17 +104,23 @@ def _packed(weight: torch.Tensor, dtype: torch.dtype, cache: bool = True) -> tor
         with torch.no_grad():
             return _pack(weight.detach().to(dtype))[0]
     if len(_last_packed) >= _LAST_PACKED_LIMIT:
-        _last_packed.pop(next(iter(_last_packed)))
+        _last_packed.clear()  # (a rare, whole reset: simpler and thread-safe under the GIL)
     # weak references only: the packed-weight cache alone decides what stays in memory
-    state = (weight._version, weight.data_ptr(), dtype)
-    _last_packed[id(weight)] = (weakref.ref(weight), state, weakref.ref(cached))
+    state = (weight._version, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype, dtype)
+    _last_packed[id(weight)] = (
+        weakref.ref(weight),
+        state,
+        packed_cache_generation(),
+        weakref.ref(weight.untyped_storage()),
+        weakref.ref(cached),
+    )
     return cached
 
 
 #: a front for the packed-weight cache: its lookup costs a few microseconds, a model's GEMM of one
 #: decode row about as much
 _last_packed: dict[int, tuple] = {}
-_LAST_PACKED_LIMIT = 256
+_LAST_PACKED_LIMIT = 4096
 
 
 def _uses_bf16_rule(x: torch.Tensor, weight: torch.Tensor, piece_k: int) -> bool:
@@ -166,9 +176,22 @@ def panel_gemm(
         raise ValueError(f"pieces must be a positive divisor of the input dim {k}, got {pieces!r}")
     if prepacked:
         n, dtype = weight.n, weight.dtype
-        if weight.k != k:
-            raise ValueError(f"x2d has {k} columns, the packed weight {weight.k}")
+        panel_k = weight.k if dtype == torch.float32 else weight.k // 2
+        if (
+            weight.k != k
+            or dtype not in (torch.float32, torch.bfloat16)
+            or (dtype == torch.bfloat16 and (k // pieces) % 2)
+            or weight.panels.dim() < 3
+            or weight.panels.shape[0] * PANEL < n
+            or weight.panels.shape[1] != panel_k
+        ):
+            raise ValueError(
+                f"packed weight (n={weight.n}, k={weight.k}, {weight.dtype}, panels "
+                f"{tuple(weight.panels.shape)}) does not fit x2d with {k} columns in {pieces} pieces"
+            )
     else:
+        if weight.dim() != 2 or weight.shape[1] != k:
+            raise ValueError(f"weight must be [N, {k}] for x2d {tuple(x2d.shape)}, got {tuple(weight.shape)}")
         n = weight.shape[0]
         dtype = torch.bfloat16 if _uses_bf16_rule(x2d, weight, k // pieces) else torch.float32
     if x2d.dtype != dtype:
@@ -214,7 +237,8 @@ class _NativeMatmul(torch.autograd.Function):
     of that product, taken in the output's dtype: the trainer's backward needs no bitwise parity,
     and writing it out avoids recomputing a reference forward (``_autograd.py``) in every backward.
     The partials' rounding of the row-parallel form is treated as the identity, as torch's own
-    low-precision GEMMs are."""
+    low-precision GEMMs are. Once differentiable: a double backward is an error (``F.linear``
+    supports one; nothing here needs it)."""
 
     @staticmethod
     def forward(ctx, compute, x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
