@@ -309,7 +309,7 @@ def test_fp16_takes_the_fp32_rule_and_rounds_once():
     assert torch.equal(NATIVE.row_parallel_linear(x[3:4], w), NATIVE.row_parallel_linear(x, w)[3:4])
 
 
-def test_front_cache_sees_data_reassignment_and_clears():
+def test_packed_cache_sees_data_reassignment_and_clears():
     """The packed weight is keyed by the tensor, its storage, geometry and version: reassigning
     ``.data`` (as ``Module.to`` does; it keeps the object and version) is seen, and so is a write
     that bypasses the version counter once ``clear_packed_weights()`` is called."""

@@ -33,7 +33,8 @@ autograd-visible in-place write bump that counter, and an entry dies with its ro
 (weak reference), as it does with its storage (so reassigning ``w.data``, as ``Module.to`` does, is
 seen). Writes that bypass the counter -- through ``.data``, a numpy view, or
 ``torch.optim`` with ``fused=True`` (measured: no bump) -- are NOT seen: call
-``clear_packed_weights()`` after them. Not cached: inference tensors (no version counter),
+``clear_packed_weights()`` after them. Not cached: inference tensors (no version counter), lazily
+negated or conjugated views (same storage, pointer and version as the plain tensor),
 weights that need a gradient in the current grad mode (a trainer's step changes them
 anyway), and everything once the byte budget (``ZEROMISMATCH_PACKED_WEIGHTS_MB``, default
 2048; ``0`` disables) is full (least recently used entries go first).
@@ -180,7 +181,10 @@ class _PackedWeights:
         grad = torch.is_grad_enabled()
         roots, key, versions = [], [tag], []
         for weight in weights:
-            if weight.is_inference() or (grad and weight.requires_grad):
+            # a lazily negated/conjugated view shares storage, pointer and version with the plain
+            # tensor, so no key could tell them apart
+            lazy_view = weight.is_neg() or weight.is_conj()
+            if weight.is_inference() or lazy_view or (grad and weight.requires_grad):
                 return None
             base = weight._base
             root = weight if base is None else base
@@ -222,8 +226,6 @@ class _PackedWeights:
         old, self.entries = self.entries, OrderedDict()
         self.nbytes = 0
         old.clear()
-        global _generation
-        _generation += 1
 
 
 def _budget_from_env() -> int:
@@ -235,13 +237,6 @@ def _budget_from_env() -> int:
 
 
 _PACKED = _PackedWeights(_budget_from_env())
-#: bumped by every ``clear_packed_weights()``: caches in front of this one compare it
-_generation = 0
-
-
-def packed_cache_generation() -> int:
-    """A number that changes whenever the packed-weight cache is cleared."""
-    return _generation
 
 
 def clear_packed_weights() -> None:

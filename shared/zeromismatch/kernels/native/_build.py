@@ -129,6 +129,9 @@ def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
     ``build_flags``; REQUIRED_FLAGS are always appended), built on first use, then cached on disk
     and in this process."""
     flags = tuple(build_flags if flags is None else flags)
+    lib = _loaded.get(flags)  # the per-call path (a GEMM of one row costs microseconds): no lock
+    if lib is not None:
+        return lib
     bad = [f for f in flags if f.startswith(_FORBIDDEN_PREFIXES)]
     if bad:
         raise NativeBuildError(f"the native kernels' fixed rounding forbids the flags {bad}")

@@ -37,7 +37,6 @@ aligned set's, so engine and trainer must both run aligned-native. CPU only.
 from __future__ import annotations
 
 import math
-import weakref
 from typing import NamedTuple
 
 import torch
@@ -45,7 +44,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import collectives
 from ..aligned import dense as aligned_dense
-from ..aligned.gemm import cached_from_weights, packed_cache_generation, row_invariant_pieces
+from ..aligned.gemm import cached_from_weights, row_invariant_pieces
 from ..base import QuantizedWeight
 from ..quant import cached_dequantize, dequantize
 from . import _build
@@ -76,69 +75,21 @@ def _pack(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def _packed(weight: torch.Tensor, dtype: torch.dtype, cache: bool = True) -> torch.Tensor:
     """``weight`` cast to ``dtype`` and packed, from the packed-weight cache (keyed by the weight
-    itself, so a bf16 head used with the fp32 rule is cast once, not per call). Packed afresh, never
-    cached: with ``cache=False`` (the trainer's forward of a weight being trained, whose packed copy
-    would only go stale; the aligned GEMM makes the same exception, see its ``_OneDNNLinear``) and a
-    lazily negated or conjugated view (it shares its storage, pointer and version with the plain
-    tensor, so a cache key cannot tell them apart)."""
-    if not cache or weight.is_neg() or weight.is_conj():
-        with torch.no_grad():
-            return _pack(weight.detach().resolve_neg().resolve_conj().to(dtype))[0]
-    hit = _last_packed.get(id(weight))
-    # the same weight object, storage, geometry and version since, and no cache clear in between
-    # (the packed-weight cache's own staleness rules, checked cheaply)
-    if (
-        hit is not None
-        and hit[0]() is weight
-        and hit[1] == (weight._version, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype, dtype)
-        and hit[2] == packed_cache_generation()
-        and hit[3]() is weight.untyped_storage()
-    ):
-        packed = hit[4]()
-        if packed is not None:
-            return packed
-    cached = cached_from_weights(
-        (weight,), ("native-panels", dtype), lambda: _pack(weight.detach().to(dtype))
-    )
-    if cached is None:
-        with torch.no_grad():
-            return _pack(weight.detach().to(dtype))[0]
-    if len(_last_packed) >= _LAST_PACKED_LIMIT:
-        _last_packed.clear()  # (a rare, whole reset: simpler and thread-safe under the GIL)
-    # weak references only: the packed-weight cache alone decides what stays in memory
-    state = (weight._version, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype, dtype)
-    _last_packed[id(weight)] = (
-        weakref.ref(weight),
-        state,
-        packed_cache_generation(),
-        weakref.ref(weight.untyped_storage()),
-        weakref.ref(cached),
-    )
-    return cached
-
-
-#: a front for the packed-weight cache: its lookup costs a few microseconds, a model's GEMM of one
-#: decode row about as much
-_last_packed: dict[int, tuple] = {}
-_LAST_PACKED_LIMIT = 4096
+    itself, so a bf16 head used with the fp32 rule is cast once, not per call), or packed afresh
+    where that cache refuses (see aligned/gemm.py) or ``cache=False`` (the trainer's forward of a
+    weight being trained, whose packed copy would only go stale: the aligned GEMM's
+    ``_OneDNNLinear`` makes the same exception; grad mode is off inside ``autograd.Function``)."""
+    if cache:
+        tag = ("native-panels", dtype)
+        cached = cached_from_weights((weight,), tag, lambda: _pack(weight.detach().to(dtype)))
+        if cached is not None:
+            return cached
+    with torch.no_grad():
+        return _pack(weight.detach().resolve_neg().resolve_conj().to(dtype))[0]
 
 
 def _uses_bf16_rule(x: torch.Tensor, weight: torch.Tensor, piece_k: int) -> bool:
     return x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and piece_k % 2 == 0
-
-
-_kernel_for: tuple = (None, None)  # (build flags object, its zm_panel_gemm)
-
-
-def _kernel():
-    """``zm_panel_gemm`` of the library for the current ``_build.build_flags`` (tests swap them),
-    without ``_build.library()``'s lock on every call."""
-    global _kernel_for
-    flags, kernel = _kernel_for
-    if flags is not _build.build_flags:
-        kernel = _build.library().zm_panel_gemm
-        _kernel_for = (_build.build_flags, kernel)
-    return kernel
 
 
 #: most pieces gemm.c sums itself (ZM_MAX_TREE_PIECES)
@@ -210,7 +161,7 @@ def panel_gemm(
         return out.zero_()
     packed = weight.panels if prepacked else _packed(weight, dtype, cache)
     is_bf16 = dtype == torch.bfloat16
-    status = _kernel()(
+    status = _build.library().zm_panel_gemm(
         x2d.data_ptr(),
         x2d.stride(0),
         packed.data_ptr(),
@@ -257,6 +208,17 @@ class _NativeMatmul(torch.autograd.Function):
         return None, grad_x, grad_w
 
 
+def _product(x2d: torch.Tensor, weight: torch.Tensor, **panel_args) -> torch.Tensor:
+    """``panel_gemm(x2d, weight, reduce=True, **panel_args)``, through ``_NativeMatmul`` when autograd
+    needs a gradient (then a weight being trained is packed without caching)."""
+    if torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad):
+        cache = not weight.requires_grad
+        return _NativeMatmul.apply(
+            lambda: panel_gemm(x2d, weight, reduce=True, cache=cache, **panel_args), x2d, weight
+        )
+    return panel_gemm(x2d, weight, reduce=True, **panel_args)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` semantics (weight ``[out, in]``, any leading dims) by the gemm.c rule, the result
     rounded to x's dtype once, then the bias added (as the aligned linear does)."""
@@ -265,15 +227,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     aligned_dense._check_linear(x, weight, bias)
     flat = x.dim() != 2
     x2d = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if flat else x
-    if torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad):
-        trained = weight.requires_grad
-        out = _NativeMatmul.apply(
-            lambda: panel_gemm(x2d, weight, reduce=True, cache=not trained).to(x.dtype), x2d, weight
-        )
-    else:  # the common inference call, kept short: a decode row's GEMM costs microseconds
-        out = panel_gemm(x2d, weight, reduce=True)
-        if out.dtype != x.dtype:
-            out = out.to(x.dtype)
+    out = _product(x2d, weight)
+    if out.dtype != x.dtype:
+        out = out.to(x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0]) if flat else out
@@ -317,12 +273,7 @@ def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(f"lm_head: hidden {tuple(hidden.shape)} vs weight {tuple(weight.shape)}")
     h2d = hidden.reshape(math.prod(hidden.shape[:-1]), hidden.shape[-1])  # (-1 is ambiguous at H = 0)
-    if torch.is_grad_enabled() and (h2d.requires_grad or weight.requires_grad):
-        trained = weight.requires_grad
-        return _NativeMatmul.apply(
-            lambda: panel_gemm(h2d, weight, reduce=True, cache=not trained), h2d, weight
-        )
-    return panel_gemm(h2d, weight, reduce=True)
+    return _product(h2d, weight)
 
 
 def _reference_pieces(pieces: int):
@@ -333,8 +284,6 @@ def _reference_pieces(pieces: int):
 
 
 def _native_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -> list[torch.Tensor]:
-    if x2d.shape[1] % pieces != 0:
-        raise ValueError(f"input dim {x2d.shape[1]} is not divisible into {pieces} pieces")
     trained = torch.is_grad_enabled() and weight.requires_grad
     stacked = native_with_reference_backward(
         lambda: panel_gemm(x2d, weight, pieces, round_to=x2d.dtype, cache=not trained),
@@ -357,20 +306,10 @@ def row_parallel_linear(
     aligned_dense._check_linear(x_local, weight_local, None)
     flat = x_local.dim() != 2
     x2d = x_local.reshape(math.prod(x_local.shape[:-1]), x_local.shape[-1]) if flat else x_local
-    needs_grad = torch.is_grad_enabled() and (x2d.requires_grad or weight_local.requires_grad)
     if group is None:
         # TP 1: the partials and their tree in one call (the same bits as gathering them)
-        if virtual_shards <= 0 or x2d.shape[1] % virtual_shards:
-            collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)  # raises the one error
-
-        trained = needs_grad and weight_local.requires_grad
-
-        def compute():
-            return panel_gemm(
-                x2d, weight_local, virtual_shards, round_to=x2d.dtype, reduce=True, cache=not trained
-            )
-
-        out = _NativeMatmul.apply(compute, x2d, weight_local) if needs_grad else compute()
+        collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)
+        out = _product(x2d, weight_local, pieces=virtual_shards, round_to=x2d.dtype)
     else:
         out = collectives.virtual_shard_reduce(x2d, weight_local, group, virtual_shards, _native_pieces)
     if out.dtype != x_local.dtype:
