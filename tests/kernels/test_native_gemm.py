@@ -170,6 +170,8 @@ def test_lazy_negated_weight_view_is_not_served_the_plain_weights_panels():
     plain = NATIVE.lm_head(h, w)
     assert torch.equal(NATIVE.lm_head(h, torch._neg_view(w)), -plain)
     assert torch.equal(NATIVE.linear(h, torch._neg_view(w)), -NATIVE.linear(h, w))
+    # the refusal lives in the shared packed-weight cache: the aligned GEMM is covered too
+    assert torch.equal(ALIGNED.linear(h, torch._neg_view(w)), ALIGNED.linear(h, -w))
 
 
 def test_pieces_and_weights_are_checked():
