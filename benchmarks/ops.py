@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import OpCase, format_table, measure, summarize  # noqa: E402
 
 from zeromismatch.argtypes import check_out_or_exit, device_or_exit, int_at_least  # noqa: E402
+from zeromismatch.audit.benchmarks import NATIVE_SUFFIX  # noqa: E402
 from zeromismatch.kernels import get_kernels  # noqa: E402
 from zeromismatch.kernels.quant import quantize_fp8, quantize_nvfp4  # noqa: E402
 
@@ -290,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 "cases": [
                     {
                         "op": t.name,
-                        # rows named *_native time the aligned-native set (ops_sequence_cases.NATIVE_SUFFIX)
-                        "kernels": "aligned-native" if t.name.endswith("_native") else "aligned",
+                        # rows named *_native time the aligned-native set (the report's NATIVE_SUFFIX)
+                        "kernels": "aligned-native" if t.name.endswith(NATIVE_SUFFIX) else "aligned",
                         "shape": t.shape_desc,
                         "aligned_us": t.aligned_us,
                         "default_us": t.default_us,

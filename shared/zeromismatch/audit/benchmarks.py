@@ -74,7 +74,8 @@ def _ops(data: Node, source: str) -> list[str]:
     return lines + _native_not_run(data)
 
 
-#: suffix of the benchmark rows that time the aligned-native set (benchmarks/ops_sequence_cases.py)
+#: suffix of the benchmark rows that time the aligned-native set (benchmarks/ops_sequence_cases.py
+#: names its twins with it)
 NATIVE_SUFFIX = "_native"
 
 
