@@ -48,7 +48,14 @@ def _rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
 
 def _case(name, desc, make, fn):
     """fn(kernels, *inputs) runs the op; the same inputs feed both sets."""
-    return OpCase(name, desc, make, lambda inp: fn(ALIGNED, *inp), lambda inp: fn(DEFAULT, *inp))
+    return OpCase(
+        name,
+        desc,
+        make,
+        lambda inp: fn(ALIGNED, *inp),
+        lambda inp: fn(DEFAULT, *inp),
+        lambda ks, inp: fn(ks, *inp),
+    )
 
 
 def _gemm_cases(name, prefix, dt, shapes, rows, fn) -> list[OpCase]:
@@ -199,7 +206,8 @@ _native_not_run: str | None = None
 
 def sequence_cases(dense: list[OpCase] = ()) -> list[OpCase]:
     """ops_sequence_cases' cases, then the aligned-native twins of ``dense`` (the ops in
-    ops_sequence_cases._NATIVE_OPS: linear, quant_linear, lm_head, row_parallel_linear)."""
+    ops_sequence_cases._NATIVE_OPS: linear, quant_linear, lm_head, row_parallel_linear, rms_norm,
+    gated_rms_norm, rope)."""
     global _native_not_run
     path = Path(__file__).resolve().parent / "ops_sequence_cases.py"
     if not path.exists():
@@ -219,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int_at_least(1), default=15)
     parser.add_argument("--out", default="", help="write the timings as JSON here")
     parser.add_argument(
-        "--threads", type=int_at_least(0), default=0,
+        "--threads",
+        type=int_at_least(0),
+        default=0,
         help="torch threads (0 = default); 1 is steadier on a loaded host",
     )
     parser.add_argument(

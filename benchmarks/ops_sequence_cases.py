@@ -224,13 +224,20 @@ _NATIVE_OPS = {
     "quant_linear": "quant_linear",
     "lm_head": "lm_head",
     "row_parallel_linear": "row_parallel_linear",
+    "rms_norm": "rms_norm",
+    "gated_rms_norm": "gated_rms_norm",
+    "rope": "rope",
 }
 
 
 def _native_twin(case: OpCase, native) -> OpCase:
     """``case`` with the aligned-native set's op in the "aligned" column (same inputs, same default)."""
-    run = getattr(native, _NATIVE_OPS[case.name])
     name = f"{case.name}{NATIVE_SUFFIX}"
+    if case.run_on is not None:
+        return OpCase(
+            name, case.shape_desc, case.make_inputs, lambda a: case.run_on(native, a), case.run_default
+        )
+    run = getattr(native, _NATIVE_OPS[case.name])
     return OpCase(name, case.shape_desc, case.make_inputs, lambda a: run(*a), case.run_default)
 
 

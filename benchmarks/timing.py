@@ -46,6 +46,9 @@ class OpCase:
     make_inputs: Callable[[], tuple]
     run_aligned: Callable[[tuple], Any]
     run_default: Callable[[tuple], Any]
+    #: ``run_on(kernels, inputs)`` runs the op on any kernel set (how a native twin calls an op that
+    #: takes more than the inputs, e.g. eps); None: the inputs are the op's arguments
+    run_on: Callable[[Any, tuple], Any] | None = None
 
 
 @dataclass

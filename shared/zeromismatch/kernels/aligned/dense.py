@@ -189,12 +189,24 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 def gated_rms_norm(
     x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
 ) -> torch.Tensor:
+    check_gated_rms_norm(x, gate, weight, group_size)
+    hidden = gated_hidden(x, gate)
+    grouped = hidden.reshape(*hidden.shape[:-1], -1, group_size)
+    normed = _normalize_rows(grouped, eps, not _needs_grad(gate, x, weight))
+    return weight * normed.reshape(hidden.shape).to(x.dtype)
+
+
+def check_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int) -> None:
     if gate.shape != x.shape:
         raise ValueError(f"gate shape {tuple(gate.shape)} != x shape {tuple(x.shape)}")
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"gated_rms_norm weight shape {tuple(weight.shape)} != x last dim {x.shape[-1]}")
     if group_size <= 0 or x.shape[-1] % group_size != 0:
         raise ValueError(f"group_size {group_size} must be positive and divide {x.shape[-1]}")
+
+
+def gated_hidden(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``silu(gate_f32) * x``: the gated norm's input, in fp32 for an fp32/bf16/fp16 x."""
     gate_f32 = gate.float()
     # in place only where the product keeps gate_f32's dtype: an fp64 x would otherwise be
     # multiplied into an fp32 buffer, and rounded where the autograd path is not
@@ -203,25 +215,17 @@ def gated_rms_norm(
     else:  # a fresh fp32 copy (bf16 gate) is activated in place
         fresh = gate_f32 is not gate and gate_f32.is_contiguous()
         hidden = (vector_path_(_silu_, gate_f32) if fresh else silu(gate_f32)).mul_(x)
-    grouped = hidden.reshape(*hidden.shape[:-1], -1, group_size)
-    normed = _normalize_rows(grouped, eps, not _needs_grad(gate, x, weight))
-    return weight * normed.reshape(hidden.shape).to(x.dtype)
+    return hidden
 
 
 def rope(
     x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool = False
 ) -> torch.Tensor:
-    if x.dim() != 3 or x.shape[-1] % 2 != 0:
-        raise ValueError(f"rope needs x [T, H, D_rot] with even D_rot, got {tuple(x.shape)}")
-    if positions.shape != x.shape[:1]:
-        raise ValueError(f"positions shape {tuple(positions.shape)} != [T]={x.shape[0]}")
-    half = x.shape[-1] // 2
-    if inv_freq.shape != (half,):
-        raise ValueError(f"inv_freq must have shape ({half},), got {tuple(inv_freq.shape)}")
-    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
+    check_rope(x, positions, inv_freq)
+    angles = rope_angles(positions, inv_freq)
     cos = torch.cos(angles)[:, None, :]
     sin = torch.sin(angles)[:, None, :]
-    xf = x.float()
+    xf, half = x.float(), x.shape[-1] // 2
     if interleaved:
         x1, x2 = xf[..., 0::2], xf[..., 1::2]
         out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
@@ -229,6 +233,21 @@ def rope(
         x1, x2 = xf[..., :half], xf[..., half:]
         out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return out.to(x.dtype)
+
+
+def check_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    if x.dim() != 3 or x.shape[-1] % 2 != 0:
+        raise ValueError(f"rope needs x [T, H, D_rot] with even D_rot, got {tuple(x.shape)}")
+    if positions.shape != x.shape[:1]:
+        raise ValueError(f"positions shape {tuple(positions.shape)} != [T]={x.shape[0]}")
+    half = x.shape[-1] // 2
+    if inv_freq.shape != (half,):
+        raise ValueError(f"inv_freq must have shape ({half},), got {tuple(inv_freq.shape)}")
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[T, D_rot/2]`` angles ``position * inv_freq``, whose cos and sin rope rotates by."""
+    return positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

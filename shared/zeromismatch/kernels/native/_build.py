@@ -28,7 +28,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
-SOURCES = (_HERE / "attention.c", _HERE / "ssm.c", _HERE / "gemm.c")
+SOURCES = (_HERE / "attention.c", _HERE / "ssm.c", _HERE / "gemm.c", _HERE / "pointwise.c")
 HEADERS = (_HERE / "fixed_math.h",)
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
@@ -121,11 +121,16 @@ def _load(path: Path) -> ctypes.CDLL:
         p, i64, p, i64, i64, ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, p, ctypes.c_int,
     ]  # fmt: skip
     lib.zm_panel_gemm.restype = ctypes.c_int
+    i32 = ctypes.c_int
+    lib.zm_rms_norm.argtypes = [p, i32, i64, i64, i64, i64, i64, i64, i32, p, i32, f32, p, i32, i32]
+    lib.zm_rms_norm.restype = None
+    lib.zm_rope.argtypes = [p, i32, i64, i64, i64, i64, i64, p, p, i64, i32, p, i32]
+    lib.zm_rope.restype = ctypes.c_int
     return lib
 
 
 def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
-    """The compiled native library (attention, SSM scan, GEMM) for ``flags`` (default
+    """The compiled native library (attention, SSM scan, GEMM, RMSNorm/RoPE) for ``flags`` (default
     ``build_flags``; REQUIRED_FLAGS are always appended), built on first use, then cached on disk
     and in this process."""
     flags = tuple(build_flags if flags is None else flags)

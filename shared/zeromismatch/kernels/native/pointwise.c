@@ -1,0 +1,145 @@
+/* Row-local ops of the "aligned-native" kernel set in fixed-order C: RMSNorm and RoPE
+ * (see pointwise.py).
+ *
+ * RMSNorm, per row of h values (x fp32 or bf16, read as fp32):
+ *   lane[i]  = ((0 + x[i]^2) + x[i+16]^2) + ...        (i < 16, ascending, zeros past h)
+ *   ss       = the fixed 16-lane tree of fixed_math.h (lanes_tree)
+ *   r        = 1 / sqrt(ss / h + eps)                  (IEEE div, sqrt, div: each rounded once)
+ *   n[j]     = x[j] * r, rounded to x's dtype (the gated norm: to the dtype of the input it was
+ *              computed from, as the aligned op does)
+ *   out[j]   = n[j] * w[j], rounded to the output dtype (fp32, or bf16 round-to-nearest-even;
+ *              a bf16 x bf16 product is exact in fp32, so that is one rounding, as torch's)
+ * Grouped (gated) RMSNorm for Mamba2 runs the same rule over each group of a row.
+ *
+ * RoPE, per (token, head) row: the rotation of the pair (a, b) -- elements (i, i + half), or
+ * (2i, 2i + 1) when interleaved -- by the angle of (position, i):
+ *   out_a = a*c - b*s,  out_b = b*c + a*s             (each product rounded, then the sum)
+ * with c and s read from a table of cos/sin values (one row per position, computed once by
+ * torch), rounded to x's dtype. That is the pure-torch aligned rope's arithmetic exactly, so the
+ * two sets give the same bits (tests).
+ *
+ * Every value is this sequence of IEEE operations wherever its row sits (the build passes
+ * -ffp-contract=off and no fast-math; fixed_math.h refuses otherwise), so the bits depend on
+ * the row alone: not on the batch, the row's position in it, or the thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "fixed_math.h"
+
+/* torch's float -> bfloat16: round to nearest even; any nan becomes 0x7fc0 */
+static inline uint16_t f32_to_bf16(float f) {
+    if (f != f) return 0x7fc0;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float load(const void *base, int bf16, int64_t i) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+static inline void store(void *base, int bf16, int64_t i, float v) {
+    if (bf16)
+        ((uint16_t *)base)[i] = f32_to_bf16(v);
+    else
+        ((float *)base)[i] = v;
+}
+
+/* v rounded to bf16 and back when bf16, else v */
+static inline float round_as(int bf16, float v) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
+
+static float sum_of_squares(const void *row, int bf16, int64_t h) {
+    v16 acc = {0};
+    int64_t j = 0;
+    for (; j + LANES <= h; j += LANES) {
+        v16 v;
+        if (bf16) {
+            for (int i = 0; i < LANES; i++) v[i] = bf16_to_f32(((const uint16_t *)row)[j + i]);
+        } else {
+            memcpy(&v, (const float *)row + j, sizeof v);
+        }
+        acc = acc + v * v;
+    }
+    if (j < h) {
+        v16 v = {0};
+        for (int64_t i = 0; j + i < h; i++) v[i] = load(row, bf16, j + i);
+        acc = acc + v * v;
+    }
+    return lanes_tree(acc);
+}
+
+/* out[g + j] = round(round(x[j] * r) * w[g + j]); inlined with constant flags where they are known */
+static inline void scale_row(const char *xg, float r, const void *weight, char *orow, int64_t g, int64_t group,
+                             const int x_bf16, const int n_bf16, const int w_bf16, const int out_bf16) {
+    for (int64_t j = 0; j < group; j++) {
+        const float n = round_as(n_bf16, load(xg, x_bf16, j) * r);
+        store(orow, out_bf16, g + j, n * load(weight, w_bf16, g + j));
+    }
+}
+
+/* x: rows of h values at x + a * stride_a + b * stride_b (elements) for a < rows_a, b < rows_b;
+ * groups of `group` values (group divides h) are normalized separately, all by weight[0..h);
+ * n_bf16: round the normalized values to bf16 before the weight.
+ * out: contiguous [rows_a * rows_b, h] of out_bf16 ? bf16 : fp32. */
+void zm_rms_norm(const void *x, int x_bf16, int64_t rows_a, int64_t rows_b, int64_t stride_a,
+                 int64_t stride_b, int64_t h, int64_t group, int n_bf16, const void *weight, int w_bf16,
+                 float eps, void *out, int out_bf16, int n_threads) {
+    const int64_t rows = rows_a * rows_b, x_size = x_bf16 ? 2 : 4, o_size = out_bf16 ? 2 : 4;
+    const float inv_count = (float)group; /* divided by, not multiplied by its reciprocal */
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (rows * h >= (1 << 16))
+    for (int64_t row = 0; row < rows; row++) {
+        const char *xr = (const char *)x + ((row / rows_b) * stride_a + (row % rows_b) * stride_b) * x_size;
+        char *orow = (char *)out + row * h * o_size;
+        for (int64_t g = 0; g < h; g += group) {
+            const char *xg = xr + g * x_size;
+            const float r = 1.0f / sqrtf(sum_of_squares(xg, x_bf16, group) / inv_count + eps);
+            if (!x_bf16 && !n_bf16 && !w_bf16 && !out_bf16)
+                scale_row(xg, r, weight, orow, g, group, 0, 0, 0, 0);
+            else if (x_bf16 && n_bf16 && w_bf16 && out_bf16)
+                scale_row(xg, r, weight, orow, g, group, 1, 1, 1, 1);
+            else
+                scale_row(xg, r, weight, orow, g, group, x_bf16, n_bf16, w_bf16, out_bf16);
+        }
+    }
+}
+
+/* one (token, head) row; inlined with constant bf16 / interleaved so each variant vectorizes */
+static inline void rope_row(const char *xr, char *orow, const float *cos_row, const float *sin_row,
+                            int64_t half, const int bf16, const int interleaved) {
+    for (int64_t i = 0; i < half; i++) {
+        const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        const float a = load(xr, bf16, ia), b = load(xr, bf16, ib), c = cos_row[i], s = sin_row[i];
+        const float ac = a * c, bs = b * s, bc = b * c, as = a * s;
+        store(orow, bf16, ia, ac - bs);
+        store(orow, bf16, ib, bc + as);
+    }
+}
+
+/* x: [T, H, 2*half] rows at x + t * stride_t + hd * stride_h (elements, unit inner stride);
+ * table: fp32 [table_len, 2, half] (cos then sin per position); out contiguous [T, H, 2*half] in
+ * x's dtype. Returns 0, or 1 when a position is outside [0, table_len) (nothing is written then:
+ * the caller grows the table and calls again). */
+int zm_rope(const void *x, int bf16, int64_t tokens, int64_t heads, int64_t stride_t, int64_t stride_h,
+            int64_t half, const int64_t *positions, const float *table, int64_t table_len, int interleaved,
+            void *out, int n_threads) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (positions[t] < 0 || positions[t] >= table_len) return 1;
+    const int64_t size = bf16 ? 2 : 4, d = 2 * half;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (tokens * heads * d >= (1 << 16))
+    for (int64_t row = 0; row < tokens * heads; row++) {
+        const int64_t t = row / heads, hd = row % heads;
+        const char *xr = (const char *)x + (t * stride_t + hd * stride_h) * size;
+        char *orow = (char *)out + row * d * size;
+        const float *cos_row = table + positions[t] * 2 * half, *sin_row = cos_row + half;
+        if (bf16)
+            interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 1, 1)
+                        : rope_row(xr, orow, cos_row, sin_row, half, 1, 0);
+        else
+            interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 0, 1)
+                        : rope_row(xr, orow, cos_row, sin_row, half, 0, 0);
+    }
+    return 0;
+}
