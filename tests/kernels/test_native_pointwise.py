@@ -124,19 +124,42 @@ def test_strided_views_threads_and_long_rows(dtype):
     assert torch.equal(NATIVE.rms_norm(long_rows[2:3], lw, 1e-6), one[2:3])
 
 
-def test_rope_table_grows_for_far_positions_and_refuses_bad_ones():
+def test_rope_outside_the_table_and_uncached_inv_freq_run_the_aligned_rope():
+    """Positions past the table, negative ones, a lazily negated positions view, fractional ones,
+    an inference-mode inv_freq and one that needs a gradient (which keeps its gradient) all give
+    the aligned rope's result; the table never grows."""
     gen = torch.Generator().manual_seed(4)
-    x = _rand(gen, 3, 2, 32)
-    far = torch.tensor([5, 70000, 131071])
-    assert torch.equal(NATIVE.rope(x, far, _inv_freq(32)), ALIGNED.rope(x, far, _inv_freq(32)))
-    assert pointwise._rope_table_len >= 131072
-    with pytest.raises(ValueError, match="rope positions must lie in"):
-        NATIVE.rope(x, torch.tensor([0, -1, 2]), _inv_freq(32))
+    x, inv_freq = _rand(gen, 3, 2, 32), _inv_freq(32)
+    far = torch.tensor([5, pointwise.ROPE_TABLE_POSITIONS, 1 << 24])
+    for positions in (
+        far,
+        torch.tensor([0, -1, 2]),
+        torch.tensor([-1, -2, -3])._neg_view(),
+        torch.tensor([0.5, 1.0, 2.25]),
+    ):
+        assert torch.equal(NATIVE.rope(x, positions, inv_freq), ALIGNED.rope(x, positions, inv_freq))
+    with torch.inference_mode():
+        inference_freq = _inv_freq(32)
+        positions = torch.tensor([1, 2, 3])
+        assert torch.equal(
+            NATIVE.rope(x, positions, inference_freq), ALIGNED.rope(x, positions, inference_freq)
+        )
+    trained_freq = _inv_freq(32).requires_grad_()
+    out = NATIVE.rope(x, torch.tensor([1, 2, 3]), trained_freq)
+    assert out.requires_grad
+    out.sum().backward()
+    assert trained_freq.grad is not None and torch.isfinite(trained_freq.grad).all()
     with pytest.raises(ValueError, match="positions shape"):
-        NATIVE.rope(x, torch.tensor([0, 1]), _inv_freq(32))
-    # a fractional position has no table row: the aligned op computes it
-    frac = torch.tensor([0.5, 1.0, 2.25])
-    assert torch.equal(NATIVE.rope(x, frac, _inv_freq(32)), ALIGNED.rope(x, frac, _inv_freq(32)))
+        NATIVE.rope(x, torch.tensor([0, 1]), inv_freq)
+
+
+def test_bf16_nan_and_inf_rows_have_the_aligned_bits():
+    """A nan becomes bf16 0xffff as torch's vectorized cast makes it (the rope's bitwise claim holds
+    for nan and inf too); the norms keep nan rows nan."""
+    x = torch.tensor([[[float("nan")] * 4 + [1.0] * 4], [[float("inf")] * 8]]).bfloat16()
+    positions, inv_freq = torch.tensor([3, 4]), _inv_freq(8)
+    native, aligned = NATIVE.rope(x, positions, inv_freq), ALIGNED.rope(x, positions, inv_freq)
+    assert torch.equal(native.view(torch.int16), aligned.view(torch.int16))
 
 
 def test_rope_table_follows_in_place_inv_freq_updates():
@@ -240,6 +263,10 @@ def test_other_dtypes_and_edge_inputs_keep_the_aligned_op():
         )
     empty = torch.empty(0, 32)
     assert NATIVE.rms_norm(empty, torch.ones(32), 1e-6).shape == (0, 32)
+    for kernels in (NATIVE, ALIGNED):
+        assert kernels.gated_rms_norm(empty, empty, torch.ones(32), 1e-6, 8).shape == (0, 32)
+        with pytest.raises(ValueError, match="scalar"):
+            kernels.rms_norm(torch.tensor(1.0), torch.tensor(2.0), 1e-6)
     assert NATIVE.rope(torch.empty(0, 2, 16), torch.empty(0, dtype=torch.int64), _inv_freq(16)).shape == (
         0,
         2,

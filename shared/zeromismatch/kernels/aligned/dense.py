@@ -103,6 +103,8 @@ def _normalize_rows(xf: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dim() == 0:
+        raise ValueError("rms_norm needs x with at least one dim (the normalized last dim), got a scalar")
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm weight shape {tuple(weight.shape)} != x last dim {x.shape[-1]}")
     fused = not _needs_grad(x, weight)
@@ -191,12 +193,15 @@ def gated_rms_norm(
 ) -> torch.Tensor:
     check_gated_rms_norm(x, gate, weight, group_size)
     hidden = gated_hidden(x, gate)
-    grouped = hidden.reshape(*hidden.shape[:-1], -1, group_size)
+    # the group count spelled out: -1 is ambiguous for an empty batch
+    grouped = hidden.reshape(*hidden.shape[:-1], hidden.shape[-1] // group_size, group_size)
     normed = _normalize_rows(grouped, eps, not _needs_grad(gate, x, weight))
     return weight * normed.reshape(hidden.shape).to(x.dtype)
 
 
 def check_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int) -> None:
+    if x.dim() == 0:
+        raise ValueError("gated_rms_norm needs x with at least one dim (the normalized one), got a scalar")
     if gate.shape != x.shape:
         raise ValueError(f"gate shape {tuple(gate.shape)} != x shape {tuple(x.shape)}")
     if weight.shape != x.shape[-1:]:

@@ -15,7 +15,7 @@
  * (2i, 2i + 1) when interleaved -- by the angle of (position, i):
  *   out_a = a*c - b*s,  out_b = b*c + a*s             (each product rounded, then the sum)
  * with c and s read from a table of cos/sin values (one row per position, computed once by
- * torch), rounded to x's dtype. That is the pure-torch aligned rope's arithmetic exactly, so the
+ * torch), rounded to x's dtype (bf16: round to nearest even, nan as torch's vectorized cast). That is the pure-torch aligned rope's arithmetic exactly, so the
  * two sets give the same bits (tests).
  *
  * Every value is this sequence of IEEE operations wherever its row sits (the build passes
@@ -28,9 +28,11 @@
 
 #include "fixed_math.h"
 
-/* torch's float -> bfloat16: round to nearest even; any nan becomes 0x7fc0 */
+/* torch's float -> bfloat16 as its vectorized conversion does it: round to nearest even, and any
+ * nan becomes 0xffff (measured for torch 2.13 on this CPU at every length; c10's scalar conversion
+ * would give 0x7fc0) */
 static inline uint16_t f32_to_bf16(float f) {
-    if (f != f) return 0x7fc0;
+    if (f != f) return 0xffff;
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
     bits += 0x7fffu + ((bits >> 16) & 1u);
@@ -121,7 +123,7 @@ static inline void rope_row(const char *xr, char *orow, const float *cos_row, co
 /* x: [T, H, 2*half] rows at x + t * stride_t + hd * stride_h (elements, unit inner stride);
  * table: fp32 [table_len, 2, half] (cos then sin per position); out contiguous [T, H, 2*half] in
  * x's dtype. Returns 0, or 1 when a position is outside [0, table_len) (nothing is written then:
- * the caller grows the table and calls again). */
+ * the caller computes the rotation another way). */
 int zm_rope(const void *x, int bf16, int64_t tokens, int64_t heads, int64_t stride_t, int64_t stride_h,
             int64_t half, const int64_t *positions, const float *table, int64_t table_len, int interleaved,
             void *out, int n_threads) {

@@ -1,9 +1,10 @@
 """Native RMSNorm, gated RMSNorm and RoPE (pointwise.c): row-local ops without torch's op chain.
 
 Why. These ops do little arithmetic, but torch 2.13 runs ``F.rms_norm`` on the CPU as a chain of
-five ops (pow, mean, add, rsqrt, mul), about 35 us for a decode step's [32, 128] rows, and the
-aligned rope as a dozen (angles, cos, sin, four products, two sums, a cat, casts), about 70 us: in a
-tiny-qwen3 engine step they took 0.3 and 0.15 of 3.1 ms. Each is one C call here.
+five ops (pow, mean, add, rsqrt, mul; ~14 us for [32, 128] rows at 1 thread, more under a profiler)
+and the aligned rope as about a dozen (angles, cos, sin, four products, two sums, a cat, casts;
+~43 us for a decode step's [32, 6, 64] q/k heads): in a tiny-qwen3 engine step they took 0.3 and
+0.15 of 3.1 ms. Each is one C call here (~9 and ~10 us, ctypes included).
 
 What.
 - ``rms_norm``: per row, the sum of squares in 16 strided lanes joined by the fixed tree the
@@ -12,11 +13,14 @@ What.
   reduction order is not one this file can name), so engine and trainer both run this set.
 - ``gated_rms_norm``: the aligned op's fp32 ``silu(gate) * x`` (torch), then the same rule per group.
 - ``rope``: the aligned rope's arithmetic exactly, with cos/sin read from a per-``inv_freq`` table
-  of positions computed once by torch (the same ``torch.cos``/``torch.sin`` of the same fp32
-  angles): the same bits as the pure-torch aligned rope (tests), in one call.
+  of the first ROPE_TABLE_POSITIONS positions computed once by torch (the same ``torch.cos`` /
+  ``torch.sin`` of the same fp32 angles): the same bits as the pure-torch aligned rope (tests), in
+  one call. Positions outside the table, and an ``inv_freq`` the packed-weight cache may not hold
+  (an inference tensor, or one that needs a gradient), run the aligned rope itself.
 
-Inputs are fp32 or bf16 (a strided view is read in place when its last dim is contiguous); other
-dtypes keep the aligned op. The backward is the aligned op's gradient (``_autograd.py``). CPU only.
+Inputs are fp32 or bf16; the C reads rows through two strides (a q/k head view of a fused qkv is
+read in place; a view whose leading dims cannot be merged is copied first). Other dtypes keep the
+aligned ops. The backward is the aligned ops' gradient (``_autograd.py``). CPU only.
 """
 
 from __future__ import annotations
@@ -31,11 +35,9 @@ from . import _build
 from ._autograd import native_with_reference_backward
 
 _C_DTYPES = (torch.float32, torch.bfloat16)
-#: positions a rope table covers at first; it doubles when a call reaches further
-_ROPE_TABLE_MIN = 4096
-#: positions are fp32-exact below 2^24; beyond that the aligned rope's angle is not position * freq
-_ROPE_TABLE_MAX = 1 << 24
-_rope_table_len = _ROPE_TABLE_MIN
+#: positions a rope table covers (2 MiB of fp32 cos/sin at head dim 64); a call reaching further
+#: runs the aligned rope, whose bits are the same
+ROPE_TABLE_POSITIONS = 8192
 
 
 def _native(*tensors: torch.Tensor) -> bool:
@@ -96,7 +98,7 @@ def _norm(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`` by the pointwise.c rule."""
-    if not _native(x, weight) or weight.shape != x.shape[-1:] or x.numel() == 0:
+    if not _native(x, weight) or x.dim() == 0 or weight.shape != x.shape[-1:] or x.numel() == 0:
         return aligned_dense.rms_norm(x, weight, eps)  # checks and raises, another dtype, or empty
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
     return native_with_reference_backward(
@@ -129,69 +131,75 @@ def gated_rms_norm(
     )
 
 
-def _rope_table(inv_freq: torch.Tensor, length: int) -> torch.Tensor:
-    """fp32 ``[length, 2, half]``: cos and sin of ``position * inv_freq`` for positions < length,
-    elementwise the values the aligned rope computes (cached while inv_freq is unchanged)."""
+def _rope_table(inv_freq: torch.Tensor) -> torch.Tensor | None:
+    """fp32 ``[ROPE_TABLE_POSITIONS, 2, half]``: cos and sin of ``position * inv_freq``, elementwise
+    the values the aligned rope computes; cached while inv_freq is unchanged. None when inv_freq
+    may not be cached (an inference tensor, or one that needs a gradient): building a table per call
+    would cost more than the aligned rope."""
 
     def build():
-        with torch.no_grad():
-            angles = aligned_dense.rope_angles(torch.arange(length), inv_freq.detach())
-            table = torch.stack((torch.cos(angles), torch.sin(angles)), dim=1).contiguous()
+        angles = aligned_dense.rope_angles(torch.arange(ROPE_TABLE_POSITIONS), inv_freq.detach())
+        table = torch.stack((torch.cos(angles), torch.sin(angles)), dim=1).contiguous()
         return table, table.numel() * table.element_size()
 
-    table = cached_from_weights((inv_freq,), ("rope-table", length), build)
-    return build()[0] if table is None else table
+    return cached_from_weights((inv_freq,), ("rope-table", ROPE_TABLE_POSITIONS), build)
 
 
 def _rope_forward(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool):
-    global _rope_table_len
+    """The C rope, or None when a position has no table row (the caller runs the aligned rope)."""
+    table = _rope_table(inv_freq)
+    if table is None:
+        return None
     if x.is_neg() or x.is_conj():  # raw pointers: a lazily negated view shares un-negated storage
         x = x.resolve_neg().resolve_conj()
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if positions.dtype != torch.int64 or not positions.is_contiguous():
-        positions = positions.to(torch.int64).contiguous()
+    if positions.dtype != torch.int64 or not positions.is_contiguous() or positions.is_neg():
+        positions = positions.resolve_neg().to(torch.int64).contiguous()
     tokens, heads, d = x.shape
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if out.numel() == 0:
         return out
-    while True:
-        length = _rope_table_len
-        table = _rope_table(inv_freq, length)
-        missed = _build.library().zm_rope(
-            x.data_ptr(),
-            x.dtype == torch.bfloat16,
-            tokens,
-            heads,
-            x.stride(0),
-            x.stride(1),
-            d // 2,
-            positions.data_ptr(),
-            table.data_ptr(),
-            length,
-            bool(interleaved),
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
-        if not missed:
-            return out
-        low, high = int(positions.min()), int(positions.max())
-        if low < 0 or high >= _ROPE_TABLE_MAX:
-            raise ValueError(f"rope positions must lie in [0, {_ROPE_TABLE_MAX}), got {low}..{high}")
-        _rope_table_len = max(_rope_table_len, 1 << high.bit_length())
+    missed = _build.library().zm_rope(
+        x.data_ptr(),
+        x.dtype == torch.bfloat16,
+        tokens,
+        heads,
+        x.stride(0),
+        x.stride(1),
+        d // 2,
+        positions.data_ptr(),
+        table.data_ptr(),
+        ROPE_TABLE_POSITIONS,
+        bool(interleaved),
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return None if missed else out
 
 
 def rope(
     x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool = False
 ) -> torch.Tensor:
-    """The aligned rope, bit for bit, in one call (module docstring)."""
+    """The aligned rope, bit for bit, in one call (module docstring); the aligned rope itself for
+    positions outside the table, fractional positions, other dtypes and an uncacheable inv_freq."""
     aligned_dense.check_rope(x, positions, inv_freq)
-    if not _native(x) or not positions.is_cpu or inv_freq.dtype != torch.float32 or not inv_freq.is_cpu:
-        return aligned_dense.rope(x, positions, inv_freq, interleaved)
-    if positions.dtype.is_floating_point or positions.dtype.is_complex:
-        return aligned_dense.rope(x, positions, inv_freq, interleaved)  # a fractional position: no table row
-    return native_with_reference_backward(
-        lambda: _rope_forward(x, positions, inv_freq, interleaved),
-        lambda x_: aligned_dense.rope(x_, positions, inv_freq, interleaved),
-        x,
-    )
+
+    def reference(x_: torch.Tensor) -> torch.Tensor:
+        return aligned_dense.rope(x_, positions, inv_freq, interleaved)
+
+    if (
+        not _native(x)
+        or not positions.is_cpu
+        or positions.dtype.is_floating_point
+        or positions.dtype.is_complex
+        or inv_freq.dtype != torch.float32
+        or not inv_freq.is_cpu
+        or (torch.is_grad_enabled() and inv_freq.requires_grad)  # its gradient flows through the aligned op
+    ):
+        return reference(x)
+    with torch.no_grad():
+        out = _rope_forward(x, positions, inv_freq, interleaved)
+    if out is None:
+        return reference(x)
+    return native_with_reference_backward(lambda: out, reference, x)
