@@ -16,3 +16,12 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(saved)
+
+
+#: the activation dtypes the native tests cover, by the names hypothesis and ids print
+NAMED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def scaled_randn(gen: torch.Generator, *shape: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    """Standard-normal values from ``gen`` times ``scale``, then cast to ``dtype``."""
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)

@@ -211,6 +211,13 @@ def test_bad_inputs_give_one_clear_error():
     kc, vc, table = _paged(gen, [(q, k, v)], 4)
     with pytest.raises(ValueError, match="block ids outside"):
         NATIVE.paged_attention(q, kc, vc, table + 100, _cu([6]), torch.tensor([6]), 0.25)
+    with pytest.raises(ValueError, match="block ids outside"):
+        NATIVE.paged_attention(q, kc, vc, table - 100, _cu([6]), torch.tensor([6]), 0.25)
+    # only the blocks a query reaches are checked (the kernel reads no other): a padded table row
+    # may hold anything past the sequence's last block
+    padded = torch.cat([table, torch.full((table.shape[0], 1), 10**6, dtype=table.dtype)], dim=1)
+    out = NATIVE.paged_attention(q, kc, vc, padded, _cu([6]), torch.tensor([6]), 0.25)
+    assert torch.equal(out, NATIVE.paged_attention(q, kc, vc, table, _cu([6]), torch.tensor([6]), 0.25))
     with pytest.raises(ValueError, match="kv_len >= q_len"):
         NATIVE.paged_attention(q, kc, vc, table, _cu([6]), torch.tensor([5]), 0.25)
     with pytest.raises(ValueError, match="multiple of kv heads"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_helpers import torch_threads
+from kernel_helpers import NAMED_DTYPES, scaled_randn, torch_threads
 
 from zeromismatch.kernels import get_kernels
 from zeromismatch.kernels.native import NativeKernels, _build, pointwise
@@ -20,11 +20,8 @@ pytestmark = pytest.mark.native  # skipped without a C compiler, except under CI
 
 NATIVE = NativeKernels()
 ALIGNED = get_kernels("aligned")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def _rand(gen, *shape, dtype=torch.float32, scale=1.0):
-    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+DTYPES = NAMED_DTYPES
+_rand = scaled_randn
 
 
 def _inv_freq(d: int) -> torch.Tensor:

@@ -10,7 +10,9 @@ For a batch of rows (one per request that samples this step) the sampler
    with U ~ U[0, 1) drawn by ``uniform_`` from a ``torch.Generator`` seeded with
    ``mix(request seed, token index)`` (``uniform_`` measured ~6x cheaper than
    ``exponential_`` per row on CPU; U = 0 is raised to the smallest normal float, so that
-   E stays finite and an entry the distribution keeps can always win), so a
+   E stays finite and an entry the distribution keeps can always win; where the native
+   library builds, ``kernels/native/random.c`` computes the same MT19937 draws for all rows
+   in one call, bit for bit, ~18x faster than the per-row loop at batch 32), so a
    request's draw never depends on which other requests share the batch, on its row in the
    batch, or on preemption;
 3. reports the sampled token's logprob in the request's ``logprobs_mode``: "processed"
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.native import random as native_random
 from .sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -112,11 +115,14 @@ class Sampler:
         # row i of the noise is filled from request i's own generator stream (a contiguous row of
         # vocab entries, exactly what a fresh [vocab] tensor would get); log, the race and argmax
         # are elementwise / per row, so batching them changes no row's bits
-        noise = torch.empty(logits.shape, dtype=torch.float32)
-        generator = self._generator
-        for row, seed, index in zip(noise.unbind(0), seeds, token_indices):
-            generator.manual_seed(mix_seed(seed, index))
-            row.uniform_(generator=generator)
+        stream_seeds = [mix_seed(seed, index) for seed, index in zip(seeds, token_indices)]
+        noise = native_random.uniform_rows(stream_seeds, logits.shape[1])
+        if noise is None:  # no native library here: the same draws from torch's generator
+            noise = torch.empty(logits.shape, dtype=torch.float32)
+            generator = self._generator
+            for row, stream_seed in zip(noise.unbind(0), stream_seeds):
+                generator.manual_seed(stream_seed)
+                row.uniform_(generator=generator)
         # U = 0 (probability 2^-24 per entry) would give E = inf and a race value of -inf: with a
         # single finite entry (greedy, top_k = 1, a tiny top_p) every entry would then be -inf and
         # argmax would return token 0, a token of probability 0. The smallest normal float instead

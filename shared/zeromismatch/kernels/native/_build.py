@@ -28,7 +28,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
-SOURCES = (_HERE / "attention.c", _HERE / "ssm.c", _HERE / "gemm.c", _HERE / "pointwise.c")
+SOURCES = tuple(_HERE / name for name in ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c"))
 HEADERS = (_HERE / "fixed_math.h",)
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
@@ -110,8 +110,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.zm_attention.argtypes = [
-        p, p, p, ctypes.c_int, ctypes.c_int, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p,
-        ctypes.c_int,
+        p, p, p, ctypes.c_int, ctypes.c_int, p, i64, p, i64, i64, p, p, p, i64, i64, i64, i64, i64,
+        ctypes.c_float, p, ctypes.c_int,
     ]  # fmt: skip
     lib.zm_attention.restype = ctypes.c_int
     f32 = ctypes.c_float
@@ -126,13 +126,15 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.zm_rms_norm.restype = None
     lib.zm_rope.argtypes = [p, i32, i64, i64, i64, i64, i64, p, p, i64, i32, p, i32]
     lib.zm_rope.restype = ctypes.c_int
+    lib.zm_uniform_rows.argtypes = [p, i64, i64, p]
+    lib.zm_uniform_rows.restype = None
     return lib
 
 
 def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
-    """The compiled native library (attention, SSM scan, GEMM, RMSNorm/RoPE) for ``flags`` (default
-    ``build_flags``; REQUIRED_FLAGS are always appended), built on first use, then cached on disk
-    and in this process."""
+    """The compiled native library (attention, SSM scan, GEMM, RMSNorm/RoPE, the sampler's noise)
+    for ``flags`` (default ``build_flags``; REQUIRED_FLAGS are always appended), built on first use,
+    then cached on disk and in this process."""
     flags = tuple(build_flags if flags is None else flags)
     lib = _loaded.get(flags)  # the per-call path (a GEMM of one row costs microseconds): no lock
     if lib is not None:

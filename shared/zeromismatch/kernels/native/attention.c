@@ -19,9 +19,11 @@
  * (sequence, kv head) item is computed by one thread).
  *
  * Layouts: q fp32 [Tq, Hq, Dqk]; k_rows / v_rows: one row per token or cache slot, all heads
- * ([N, Hkv*Dqk] / [N, Hkv*Dv]), each fp32 or bf16; key_index[s * key_stride + j] = the row holding
- * position j of sequence s; the q_len queries of sequence s (rows q_start .. q_start+q_len-1)
- * are its last q_len positions (bottom-right aligned causal mask). out fp32 [Tq, Hq, Dv].
+ * ([N, Hkv*Dqk] / [N, Hkv*Dv]), each fp32 or bf16. The row holding position j of sequence s is
+ * key_index[s * key_stride + j] (packed K/V), or, with a block table (paged cache),
+ * block_table[s * key_stride + j / block_size] * block_size + j % block_size, each block id checked
+ * against num_blocks. The q_len queries of sequence s (rows q_start .. q_start+q_len-1) are its
+ * last q_len positions (bottom-right aligned causal mask). out fp32 [Tq, Hq, Dv].
  */
 #include <math.h>
 #include <stdint.h>
@@ -99,35 +101,52 @@ static void attend_row(const float *qv, const void *k_rows, const void *v_rows, 
     }
 }
 
-/* Returns 0, or -1 if scratch memory could not be allocated. */
+/* Returns 0, -1 if scratch memory could not be allocated, or -2 if the block table holds a block
+ * id outside [0, num_blocks) for a position a query reaches (out is then not fully written). */
 int zm_attention(const float *q, const void *k_rows, const void *v_rows, int k_bf16, int v_bf16,
-                 const int64_t *key_index, int64_t key_stride, const int64_t *q_start,
-                 const int64_t *q_len, const int64_t *kv_len, int64_t n_seq, int64_t hq,
-                 int64_t hkv, int64_t dqk, int64_t dv, float scale, float *out, int n_threads) {
+                 const int64_t *key_index, int64_t key_stride, const int64_t *block_table, int64_t block_size,
+                 int64_t num_blocks, const int64_t *q_start, const int64_t *q_len, const int64_t *kv_len,
+                 int64_t n_seq, int64_t hq, int64_t hkv, int64_t dqk, int64_t dv, float scale, float *out,
+                 int n_threads) {
     int64_t max_kv = 1;
     for (int64_t s = 0; s < n_seq; s++) max_kv = kv_len[s] > max_kv ? kv_len[s] : max_kv;
     const int64_t group = hq / hkv;
     int failed = 0;
-#pragma omp parallel num_threads(n_threads) reduction(| : failed)
+#pragma omp parallel num_threads(n_threads) reduction(min : failed)
     {
         float *scores = malloc(sizeof(float) * max_kv);
+        int64_t *rows = block_table ? malloc(sizeof(int64_t) * max_kv) : NULL;
         /* every thread takes part in the loop (a thread leaving a worksharing loop early is
            undefined); one that has no scratch only reports the failure */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_seq * hkv; item++) {
             const int64_t s = item / hkv, kh = item % hkv;
-            if (!scores) {
-                failed = 1;
+            if (!scores || (block_table && !rows)) {
+                failed = failed < -1 ? failed : -1;
                 continue;
+            }
+            const int64_t *keys = key_index ? key_index + s * key_stride : rows;
+            if (block_table) { /* this sequence's slots, once per item (shared by its query rows) */
+                int bad = 0;
+                for (int64_t j = 0; j < kv_len[s]; j++) {
+                    const int64_t block = block_table[s * key_stride + j / block_size];
+                    bad |= block < 0 || block >= num_blocks;
+                    rows[j] = block * block_size + j % block_size;
+                }
+                if (bad) {
+                    failed = -2;
+                    continue;
+                }
             }
             for (int64_t r = 0; r < q_len[s] * group; r++) {
                 const int64_t t = q_start[s] + r / group, h = kh * group + r % group;
-                attend_row(q + (t * hq + h) * dqk, k_rows, v_rows, k_bf16, v_bf16, key_index + s * key_stride,
+                attend_row(q + (t * hq + h) * dqk, k_rows, v_rows, k_bf16, v_bf16, keys,
                            kv_len[s] - q_len[s] + r / group, hkv * dqk, hkv * dv, kh * dqk, kh * dv, dqk,
                            dv, scale, scores, out + (t * hq + h) * dv);
             }
         }
         free(scores);
+        free(rows);
     }
-    return failed ? -1 : 0;
+    return failed;
 }

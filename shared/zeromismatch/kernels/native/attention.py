@@ -14,7 +14,9 @@ the same bits in a full prefill, a chunked prefill, a decode step over a paged c
 block size and order, and in any batch, by construction rather than by a measured library
 property -- and, with no fused multiply-add and no reassociation, the same bits for any
 compiler target (tests compare an ``-O0`` SSE2 build with the ``-O3 -march=native`` one). The
-kernel reads keys and values in place through a per-sequence row index (no gather copy).
+kernel reads keys and values in place through a per-sequence row index (no gather copy); for a
+paged cache it computes that index from the block table itself, once per sequence and KV head,
+checking each block id a query reaches.
 
 Its bits differ from the pure-torch aligned attention's (a different, equally fixed order), so
 engine and trainer must both use this set. Arithmetic is fp32; K/V may be fp32 or bf16 (read
@@ -36,14 +38,20 @@ _IN_PLACE_KV = (torch.float32, torch.bfloat16)
 
 
 class _Plan:
-    """Per-step index tensors the kernel reads (shared by every layer of one forward)."""
+    """Per-step index tensors the kernel reads (shared by every layer of one forward): either
+    ``key_index [S, W]`` (the row of position j of sequence s; packed K/V) or ``block_table [S, B]``
+    with the cache's block size and block count (a paged cache: the kernel computes the rows and
+    checks the block ids, once per sequence and KV head)."""
 
-    def __init__(self, key_index: torch.Tensor, q_start, q_len, kv_len):
-        self.key_index = key_index.contiguous()  # [S, W] int64: row of position j of sequence s
+    def __init__(self, q_start, q_len, kv_len, key_index=None, block_table=None, block_size=0, num_blocks=0):
+        index = key_index if key_index is not None else block_table
+        self.index = index.contiguous()
+        self.paged = key_index is None
+        self.block_size, self.num_blocks = block_size, num_blocks
         self.q_start, self.q_len, self.kv_len = q_start, q_len, kv_len
 
 
-def _plan_from(cu_q: list[int], kv_list: list[int], key_index: torch.Tensor) -> _Plan:
+def _plan_from(cu_q: list[int], kv_list: list[int], **index) -> _Plan:
     lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
     if any(n > kv for n, kv in zip(lens, kv_list)):
         raise ValueError("every sequence needs kv_len >= q_len (this step's keys must be included)")
@@ -51,7 +59,7 @@ def _plan_from(cu_q: list[int], kv_list: list[int], key_index: torch.Tensor) -> 
     def i64(values):
         return torch.tensor(values, dtype=torch.int64)
 
-    return _Plan(key_index, i64(cu_q[:-1]), i64(lens), i64(kv_list))
+    return _Plan(i64(cu_q[:-1]), i64(lens), i64(kv_list), **index)
 
 
 def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, plan: _Plan, scale: float):
@@ -76,8 +84,11 @@ def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, 
         v_rows.data_ptr(),
         int(k_rows.dtype == torch.bfloat16),
         int(v_rows.dtype == torch.bfloat16),
-        plan.key_index.data_ptr(),
-        plan.key_index.shape[1],
+        None if plan.paged else plan.index.data_ptr(),
+        plan.index.shape[1],
+        plan.index.data_ptr() if plan.paged else None,
+        plan.block_size,
+        plan.num_blocks,
         plan.q_start.data_ptr(),
         plan.q_len.data_ptr(),
         plan.kv_len.data_ptr(),
@@ -90,6 +101,8 @@ def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, 
         out.data_ptr(),
         torch.get_num_threads(),
     )
+    if status == -2:
+        raise ValueError(f"block_table holds block ids outside 0..{plan.num_blocks - 1}")
     if status != 0:
         raise MemoryError("aligned-native attention could not allocate its scratch memory")
     return out if q.dtype == torch.float32 else out.to(q.dtype)
@@ -113,7 +126,7 @@ def attention(
         kv_list = [b - a for a, b in zip(cu_k, cu_k[1:])]
         width = max(kv_list, default=0)
         starts = torch.tensor(cu_k[:-1], dtype=torch.int64)
-        return _plan_from(cu_q, kv_list, starts[:, None] + torch.arange(width)[None, :])
+        return _plan_from(cu_q, kv_list, key_index=starts[:, None] + torch.arange(width)[None, :])
 
     plan = _cached_plan(("native-packed", q.shape[0], k.shape[0], hkv), (cu_seqlens_q, cu_seqlens_k), build)
 
@@ -146,18 +159,16 @@ def paged_attention(
         kv_list = kv_lens.tolist()
         if any(n < 0 for n in kv_list):
             raise ValueError(f"kv_lens must be >= 0, got {kv_list}")
-        max_blocks = block_table.shape[1]
-        if any(n > max_blocks * cache_block for n in kv_list):
+        if any(n > block_table.shape[1] * cache_block for n in kv_list):
             raise ValueError("kv_lens exceed the blocks in block_table")
-        table = block_table.to(torch.int64)
-        pos = torch.arange(max(kv_list, default=0))
-        blocks = (pos // cache_block).clamp(max=max(max_blocks - 1, 0))
-        key_index = table[:, blocks] * cache_block + (pos % cache_block)[None, :]
-        # the kernel reads these rows unchecked: every row a query can reach must be in the cache
-        used = key_index[pos[None, :] < kv_lens.to(torch.int64)[:, None]]
-        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= k_cache.shape[0] * cache_block):
-            raise ValueError(f"block_table holds block ids outside 0..{k_cache.shape[0] - 1}")
-        return _plan_from(cu_q, kv_list, key_index)
+        # the kernel checks every block id a query reaches against the cache (status -2)
+        return _plan_from(
+            cu_q,
+            kv_list,
+            block_table=block_table.to(torch.int64),
+            block_size=cache_block,
+            num_blocks=k_cache.shape[0],
+        )
 
     plan = _cached_plan(
         ("native-paged", q.shape[0], cache_block, hkv, k_cache.shape[0]),

@@ -1,0 +1,72 @@
+"""The sampler's noise in C (kernels/native/random.c) is torch's CPU generator stream bit for bit:
+every row equals ``manual_seed(seed)`` + ``uniform_`` for any seed (all 64 bits, including ones
+that differ only above bit 32) and any length (inside one MT19937 block, at its edges, and across
+several), any number of rows (inside and across the 16-lane groups); the engine sampler draws the
+same tokens with it as with the torch loop it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zeromismatch.engine import SamplingParams
+from zeromismatch.engine import sampler as sampler_module
+from zeromismatch.engine.sampler import Sampler, mix_seed
+from zeromismatch.kernels import get_kernels
+from zeromismatch.kernels.native import random as native_random
+
+pytestmark = pytest.mark.native  # skipped without a C compiler, except under CI (tests/conftest.py)
+
+
+def _torch_rows(seeds: list[int], cols: int) -> torch.Tensor:
+    generator = torch.Generator()
+    rows = []
+    for seed in seeds:
+        generator.manual_seed(seed)
+        rows.append(torch.empty(cols).uniform_(generator=generator))
+    return torch.stack(rows) if rows else torch.empty(0, cols)
+
+
+@pytest.mark.parametrize("cols", [1, 7, 512, 623, 624, 625, 1247, 1248, 1249, 3000])
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 40])
+def test_rows_are_torch_generator_streams(rows, cols):
+    gen = torch.Generator().manual_seed(rows * 10_000 + cols)
+    seeds = [mix_seed(int(s), i) for i, s in enumerate(torch.randint(0, 2**62, (rows,), generator=gen))]
+    out = native_random.uniform_rows(seeds, cols)
+    assert out.dtype == torch.float32 and out.shape == (rows, cols)
+    assert torch.equal(out, _torch_rows(seeds, cols))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seeds=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=20), cols=st.integers(0, 700))
+def test_any_seed_and_length(seeds, cols):
+    assert torch.equal(native_random.uniform_rows(seeds, cols), _torch_rows(seeds, cols))
+
+
+def test_bad_seeds_and_empty_inputs():
+    with pytest.raises(ValueError, match="seeds must lie in"):
+        native_random.uniform_rows([1, -1], 4)
+    with pytest.raises(ValueError, match="seeds must lie in"):
+        native_random.uniform_rows([2**64], 4)
+    assert native_random.uniform_rows([], 5).shape == (0, 5)
+    assert native_random.uniform_rows([3], 0).shape == (1, 0)
+
+
+@pytest.mark.parametrize("kernels", ["aligned", "default"])
+def test_sampler_draws_the_same_tokens_as_the_torch_loop(monkeypatch, kernels):
+    """Inverse included: a different stream (the seeds shifted by one) changes the tokens, so the
+    equality is not vacuous."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(24, 300, generator=gen) * 3
+    params = [SamplingParams(temperature=t, top_p=p, max_tokens=4) for t, p in [(1.0, 1.0), (0.7, 0.9)] * 12]
+    seeds, indices = list(range(100, 124)), [i % 5 for i in range(24)]
+    sample = Sampler(get_kernels(kernels))
+    native = sample(logits, params, seeds, indices)
+    monkeypatch.setattr(native_random, "uniform_rows", lambda seeds, cols: None)
+    assert sampler_module.native_random.uniform_rows([1], 1) is None
+    fallback = sample(logits, params, seeds, indices)
+    assert native.token_ids == fallback.token_ids and native.logprobs == fallback.logprobs
+    shifted = sample(logits, params, [s + 1 for s in seeds], indices)
+    assert shifted.token_ids != fallback.token_ids
