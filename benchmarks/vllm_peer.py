@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine-aligned": lambda: time_engine(model, "aligned", prompts, args.new_tokens, args.temperature),
         "vllm": vllm_timer,
     }
-    native_not_run = native_unavailable_reason()  # the aligned-native set (C attention + scan)
+    native_not_run = native_unavailable_reason()  # the aligned-native set (hot ops in C)
     if native_not_run:
         print(f"vllm_peer.py: engine-aligned-native not run: {native_not_run}", file=sys.stderr)
     else:

@@ -112,7 +112,7 @@ def _rollout(data: Node, source: str) -> list[str]:
     rows = (  # (label, key in rollout.json, target)
         ("engine aligned ÷ default", "ratio_aligned_over_default", "aligned_over_default"),
         (
-            "engine aligned-native ÷ default (C attention + scan, kernels/native)",
+            "engine aligned-native ÷ default (the aligned set with its hot ops in C, kernels/native)",
             "ratio_aligned_native_over_default",
             "aligned_over_default",
         ),
@@ -161,7 +161,7 @@ def _vllm(data: Node, source: str) -> list[str]:
         f"(aligned) {tps['engine-aligned'].number():.0f} tokens/s, ratio "
         f"{data['ratio_engine_aligned_over_vllm'].number():.2f}."
         + (
-            f" With the aligned-native set (C attention + scan): {tps['engine-aligned-native'].number():.0f} "
+            f" With the aligned-native set (hot ops in C): {tps['engine-aligned-native'].number():.0f} "
             f"tokens/s, ratio {data['ratio_engine_aligned_native_over_vllm'].number():.2f}."
             if data.has("ratio_engine_aligned_native_over_vllm")
             else ""
