@@ -121,6 +121,7 @@ def _moe_case(tokens: int, experts: int, top_k: int, dtype, hidden: int = 256, i
         make,
         run(ALIGNED),
         run(DEFAULT),
+        lambda kernels, a: run(kernels)(a),
     )
 
 
@@ -227,6 +228,7 @@ _NATIVE_OPS = {
     "rms_norm": "rms_norm",
     "gated_rms_norm": "gated_rms_norm",
     "rope": "rope",
+    "moe": "moe_experts",
 }
 
 

@@ -70,3 +70,10 @@ def test_sampler_draws_the_same_tokens_as_the_torch_loop(monkeypatch, kernels):
     assert native.token_ids == fallback.token_ids and native.logprobs == fallback.logprobs
     shifted = sample(logits, params, [s + 1 for s in seeds], indices)
     assert shifted.token_ids != fallback.token_ids
+
+
+def test_sampler_refuses_mismatched_lengths():
+    sample = Sampler(get_kernels("aligned"))
+    params = [SamplingParams(max_tokens=1)] * 3
+    with pytest.raises(ValueError, match="3 logit rows but 3 params, 1 seeds"):
+        sample(torch.zeros(3, 8), params, [1], [0, 0, 0])

@@ -12,7 +12,7 @@ For a batch of rows (one per request that samples this step) the sampler
    ``exponential_`` per row on CPU; U = 0 is raised to the smallest normal float, so that
    E stays finite and an entry the distribution keeps can always win; where the native
    library builds, ``kernels/native/random.c`` computes the same MT19937 draws for all rows
-   in one call, bit for bit, ~18x faster than the per-row loop at batch 32), so a
+   in one call, bit for bit, 6-18x faster than the per-row loop at batch 32), so a
    request's draw never depends on which other requests share the batch, on its row in the
    batch, or on preemption;
 3. reports the sampled token's logprob in the request's ``logprobs_mode``: "processed"
@@ -34,7 +34,8 @@ _TINY = torch.finfo(torch.float32).tiny
 
 
 def mix_seed(seed: int, token_index: int) -> int:
-    """splitmix64 of (seed, token index): a well-spread 63-bit generator seed."""
+    """splitmix64 of (seed, token index): a well-spread 63-bit generator seed. torch's CPU generator
+    (MT19937) uses its low 32 bits, so there are 2^32 distinct noise streams."""
     z = (seed * 0x9E3779B97F4A7C15 + token_index + 1) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
@@ -110,6 +111,11 @@ class Sampler:
     ) -> SamplerOutput:
         if logits.dtype != torch.float32:
             raise TypeError(f"sampler expects fp32 logits, got {logits.dtype}")
+        if not len(params) == len(seeds) == len(token_indices) == logits.shape[0]:
+            raise ValueError(
+                f"sampler got {logits.shape[0]} logit rows but {len(params)} params, {len(seeds)} seeds "
+                f"and {len(token_indices)} token indices"
+            )
         temperature, top_k, top_p = self._param_tensors(params, logits.device)
         processed = self.kernels.processed_log_softmax(logits, temperature, top_k, top_p)
         # row i of the noise is filled from request i's own generator stream (a contiguous row of

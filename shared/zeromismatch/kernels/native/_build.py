@@ -28,7 +28,8 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
-SOURCES = tuple(_HERE / name for name in ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c"))
+_SOURCE_NAMES = ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c", "moe.c")
+SOURCES = tuple(_HERE / name for name in _SOURCE_NAMES)
 HEADERS = (_HERE / "fixed_math.h",)
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
@@ -126,15 +127,19 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.zm_rms_norm.restype = None
     lib.zm_rope.argtypes = [p, i32, i64, i64, i64, i64, i64, p, p, i64, i32, p, i32]
     lib.zm_rope.restype = ctypes.c_int
+    lib.zm_moe_experts.argtypes = [
+        p, i32, i64, i64, p, p, i64, i64, i64, i32, p, i64, i64, i32, p, i64, i64, i32, p, i32,
+    ]  # fmt: skip
+    lib.zm_moe_experts.restype = ctypes.c_int
     lib.zm_uniform_rows.argtypes = [p, i64, i64, p]
     lib.zm_uniform_rows.restype = None
     return lib
 
 
 def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
-    """The compiled native library (attention, SSM scan, GEMM, RMSNorm/RoPE, the sampler's noise)
-    for ``flags`` (default ``build_flags``; REQUIRED_FLAGS are always appended), built on first use,
-    then cached on disk and in this process."""
+    """The compiled native library (attention, SSM scan, GEMM, RMSNorm/RoPE, MoE experts, the
+    sampler's noise) for ``flags`` (default ``build_flags``; REQUIRED_FLAGS are always appended),
+    built on first use, then cached on disk and in this process."""
     flags = tuple(build_flags if flags is None else flags)
     lib = _loaded.get(flags)  # the per-call path (a GEMM of one row costs microseconds): no lock
     if lib is not None:

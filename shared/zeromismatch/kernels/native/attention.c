@@ -21,8 +21,8 @@
  * Layouts: q fp32 [Tq, Hq, Dqk]; k_rows / v_rows: one row per token or cache slot, all heads
  * ([N, Hkv*Dqk] / [N, Hkv*Dv]), each fp32 or bf16. The row holding position j of sequence s is
  * key_index[s * key_stride + j] (packed K/V), or, with a block table (paged cache),
- * block_table[s * key_stride + j / block_size] * block_size + j % block_size, each block id checked
- * against num_blocks. The q_len queries of sequence s (rows q_start .. q_start+q_len-1) are its
+ * block_table[s * key_stride + j / block_size] * block_size + j % block_size, the block id of
+ * every position below kv_len checked against num_blocks. The q_len queries of sequence s (rows q_start .. q_start+q_len-1) are its
  * last q_len positions (bottom-right aligned causal mask). out fp32 [Tq, Hq, Dv].
  */
 #include <math.h>
@@ -102,7 +102,8 @@ static void attend_row(const float *qv, const void *k_rows, const void *v_rows, 
 }
 
 /* Returns 0, -1 if scratch memory could not be allocated, or -2 if the block table holds a block
- * id outside [0, num_blocks) for a position a query reaches (out is then not fully written). */
+ * id outside [0, num_blocks) for a position below a sequence's kv_len (out is then not fully
+ * written; when both happen, -2 wins the min reduction: either is an error for the caller). */
 int zm_attention(const float *q, const void *k_rows, const void *v_rows, int k_bf16, int v_bf16,
                  const int64_t *key_index, int64_t key_stride, const int64_t *block_table, int64_t block_size,
                  int64_t num_blocks, const int64_t *q_start, const int64_t *q_len, const int64_t *kv_len,
@@ -130,7 +131,10 @@ int zm_attention(const float *q, const void *k_rows, const void *v_rows, int k_b
                 int bad = 0;
                 for (int64_t j = 0; j < kv_len[s]; j++) {
                     const int64_t block = block_table[s * key_stride + j / block_size];
-                    bad |= block < 0 || block >= num_blocks;
+                    if (block < 0 || block >= num_blocks) { /* checked before the product can overflow */
+                        bad = 1;
+                        break;
+                    }
                     rows[j] = block * block_size + j % block_size;
                 }
                 if (bad) {

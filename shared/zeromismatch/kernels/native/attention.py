@@ -16,7 +16,7 @@ property -- and, with no fused multiply-add and no reassociation, the same bits 
 compiler target (tests compare an ``-O0`` SSE2 build with the ``-O3 -march=native`` one). The
 kernel reads keys and values in place through a per-sequence row index (no gather copy); for a
 paged cache it computes that index from the block table itself, once per sequence and KV head,
-checking each block id a query reaches.
+checking the block id of every position below the sequence's kv_len.
 
 Its bits differ from the pure-torch aligned attention's (a different, equally fixed order), so
 engine and trainer must both use this set. Arithmetic is fp32; K/V may be fp32 or bf16 (read
@@ -161,7 +161,7 @@ def paged_attention(
             raise ValueError(f"kv_lens must be >= 0, got {kv_list}")
         if any(n > block_table.shape[1] * cache_block for n in kv_list):
             raise ValueError("kv_lens exceed the blocks in block_table")
-        # the kernel checks every block id a query reaches against the cache (status -2)
+        # the kernel checks the block id of every position below kv_len against the cache (status -2)
         return _plan_from(
             cu_q,
             kv_list,

@@ -1,0 +1,139 @@
+/* Routed MoE experts for the "aligned-native" kernel set in one call (see experts.py).
+ *
+ * For each (token t, slot j) with expert e = ids[t, j], the aligned MoE's structure with the native
+ * rules (x's dtype is fp32 or bf16; "round" means to x's dtype, nothing for fp32):
+ *   h      = round(x[t] @ W_up[e].T)            gate and up fused: [2I] (silu) or [I] (relu2),
+ *                                               by the gemm.c rule (gemm.c's header)
+ *   a      = round(silu(h_gate) * h_up)         silu(g) = g / (1 + zm_exp(-g)), +inf for -g > 88;
+ *          | round(relu(h_up) * relu(h_up))     the product in fp32, then one rounding
+ *   o_j    = round(a @ W_down[e].T)             [H], by the gemm.c rule
+ *   out[t] = round(((w_0 * o_0) + w_1 * o_1) + ...)   fp32 products and sums, slots in order
+ * The (token, slot) rows of one expert go through the GEMM together, but gemm.c's outputs depend on
+ * their row and column alone, so a token's bits do not depend on which other tokens share an
+ * expert, on the batch or on the thread count. relu2 is exact arithmetic plus one rounding, as in
+ * torch; silu uses fixed_math.h's exp, so the silu experts' bits differ from the aligned set's.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixed_math.h"
+
+int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
+                  int64_t n, int64_t pieces, int round_bf16, int reduce, float *out, int threads);
+
+/* nearest even, as gemm.c's round_to_bf16 (a nan stays a quiet nan) */
+static inline float round_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        bits = (bits | 0x00400000u) & 0xffff0000u;
+    else
+        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+static inline float round_as(int bf16, float v) { return bf16 ? round_bf16(v) : v; }
+
+/* an fp32 value already rounded to bf16, as its bf16 bits */
+static inline uint16_t bf16_bits(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return (uint16_t)(bits >> 16);
+}
+
+/* store n values (already rounded to x's dtype) as a GEMM input row: bf16 bits or fp32 */
+static void store_row(void *dst, int as_bf16, const float *src, int64_t n) {
+    if (as_bf16)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = bf16_bits(src[i]);
+    else
+        memcpy(dst, src, sizeof(float) * n);
+}
+
+static inline float silu(float g) {
+    const float e = -g > 88.0f ? INFINITY : zm_exp(-g);
+    return g / (1.0f + e);
+}
+
+/* x [T, H] (x_bf16 ? bf16 : fp32), ids / weights [T, top_k] (int64 / fp32), packed weights of
+ * expert e at up_panels + e * up_stride (elements of the rule's dtype; up_bf16 / down_bf16 say which
+ * rule each GEMM takes), gated: silu on [gate | up] halves, else relu2 on [up].
+ * out fp32 [T, H], each value rounded to x's dtype. Returns 0, -1 without memory, 1 if gemm.c refused. */
+int zm_moe_experts(const void *x, int x_bf16, int64_t tokens, int64_t hidden, const int64_t *ids,
+                   const float *weights, int64_t top_k, int64_t experts, int64_t inter, int gated,
+                   const void *up_panels, int64_t up_stride, int64_t up_npanels, int up_bf16,
+                   const void *down_panels, int64_t down_stride, int64_t down_npanels, int down_bf16,
+                   float *out, int threads) {
+    const int64_t pairs = tokens * top_k, width = gated ? 2 * inter : inter;
+    const size_t up_elem = up_bf16 ? 2 : 4, down_elem = down_bf16 ? 2 : 4, x_elem = x_bf16 ? 2 : 4;
+    int64_t *count = calloc((size_t)experts + 1, sizeof(int64_t));
+    int64_t *order = malloc(sizeof(int64_t) * (size_t)(pairs ? pairs : 1));
+    int64_t *where = malloc(sizeof(int64_t) * (size_t)(pairs ? pairs : 1));
+    char *rows_in = malloc(up_elem * (size_t)(pairs * hidden ? pairs * hidden : 1));
+    float *h = malloc(sizeof(float) * (size_t)(pairs * width ? pairs * width : 1));
+    char *act = malloc(down_elem * (size_t)(pairs * inter ? pairs * inter : 1));
+    float *o = malloc(sizeof(float) * (size_t)(pairs * hidden ? pairs * hidden : 1));
+    float *row = malloc(sizeof(float) * (size_t)(hidden > inter ? hidden : inter) + sizeof(float));
+    int status = (count && order && where && rows_in && h && act && o && row) ? 0 : -1;
+    if (status == 0) {
+        /* a stable counting sort of the (token, slot) pairs by expert */
+        for (int64_t p = 0; p < pairs; p++) count[ids[p] + 1]++;
+        for (int64_t e = 0; e < experts; e++) count[e + 1] += count[e];
+        for (int64_t p = 0; p < pairs; p++) where[p] = count[ids[p]]++;
+        for (int64_t p = 0; p < pairs; p++) order[where[p]] = p;
+        /* count[e] is now the end of expert e's rows; their start is count[e - 1] (0 for e = 0) */
+        for (int64_t r = 0; r < pairs; r++) { /* the GEMM inputs, in sorted order */
+            const int64_t t = order[r] / top_k;
+            const char *src = (const char *)x + (size_t)(t * hidden) * x_elem;
+            char *dst = rows_in + (size_t)(r * hidden) * up_elem;
+            if (up_bf16 || !x_bf16)
+                memcpy(dst, src, x_elem * (size_t)hidden);
+            else
+                for (int64_t i = 0; i < hidden; i++) ((float *)dst)[i] = bf16_to_f32(((const uint16_t *)src)[i]);
+        }
+        int64_t start = 0;
+        for (int64_t e = 0; e < experts && status == 0; e++) {
+            const int64_t end = count[e], c = end - start;
+            if (c > 0) {
+                status = zm_panel_gemm(rows_in + (size_t)(start * hidden) * up_elem, hidden,
+                                       (const char *)up_panels + (size_t)(e * up_stride) * up_elem, up_npanels,
+                                       hidden, up_bf16, c, width, 1, x_bf16, 0, h + start * width, threads);
+                for (int64_t r = start; r < end && status == 0; r++) {
+                    const float *hr = h + r * width;
+                    for (int64_t i = 0; i < inter; i++) {
+                        const float u = gated ? hr[inter + i] : hr[i];
+                        const float relu = u > 0.0f ? u : 0.0f;
+                        row[i] = round_as(x_bf16, gated ? silu(hr[i]) * u : relu * relu);
+                    }
+                    store_row(act + (size_t)(r * inter) * down_elem, down_bf16, row, inter);
+                }
+                if (status == 0)
+                    status = zm_panel_gemm(act + (size_t)(start * inter) * down_elem, inter,
+                                           (const char *)down_panels + (size_t)(e * down_stride) * down_elem,
+                                           down_npanels, inter, down_bf16, c, hidden, 1, x_bf16, 0,
+                                           o + start * hidden, threads);
+            }
+            start = end;
+        }
+        for (int64_t t = 0; t < tokens && status == 0; t++) { /* slots in order, fp32, one rounding */
+            float *dst = out + t * hidden;
+            for (int64_t j = 0; j < top_k; j++) {
+                const float w = weights[t * top_k + j];
+                const float *oj = o + where[t * top_k + j] * hidden;
+                for (int64_t i = 0; i < hidden; i++) dst[i] = j == 0 ? w * oj[i] : dst[i] + w * oj[i];
+            }
+            for (int64_t i = 0; i < hidden; i++) dst[i] = round_as(x_bf16, dst[i]);
+        }
+    }
+    free(count);
+    free(order);
+    free(where);
+    free(rows_in);
+    free(h);
+    free(act);
+    free(o);
+    free(row);
+    return status;
+}
