@@ -77,10 +77,11 @@ def test_co_routed_tokens_and_threads_change_nothing(dtype):
     assert torch.equal(NATIVE.moe_experts(x, weights, crowded, *w)[0], one[0])
 
 
-def test_relu2_and_bf16_silu_match_the_aligned_op_and_fp32_silu_does_not():
-    """relu2 is exact arithmetic plus one rounding and gemm.c's fp32 rule is oneDNN's order here, so
-    relu2 experts equal the aligned op's; fp32 silu uses fixed_math.h's exp, whose bits differ
-    (inverse: the two sets must not be mixed)."""
+def test_relu2_matches_the_aligned_op_here_and_fp32_silu_does_not():
+    """relu2 is exact arithmetic plus one rounding and gemm.c's fp32 rule matched oneDNN's order at
+    these sizes (K <= 512; an observation of this CPU, not a promise), so relu2 experts equal the
+    aligned op's; fp32 silu uses fixed_math.h's exp, whose bits differ (inverse: the two sets must
+    not be mixed)."""
     gen = torch.Generator().manual_seed(2)
     for dtype in NAMED_DTYPES.values():
         args = _moe(gen, 16, 8, 2, 64, 32, dtype, "relu2")
@@ -156,5 +157,32 @@ def test_edge_inputs():
         NATIVE.moe_experts(x, weights, ids + 10, *w)
     with pytest.raises(ValueError, match="needs w_gate"):
         NATIVE.moe_experts(x, weights, ids, None, *w[1:])
-    # an expert no token chooses, and every token on one expert
-    assert torch.isfinite(NATIVE.moe_experts(x, weights, torch.zeros_like(ids), *w)).all()
+    # experts no token chooses, and every token on one expert: each token as computed alone
+    for routed in (torch.zeros_like(ids), torch.ones_like(ids) * 3):
+        full = NATIVE.moe_experts(x, weights, routed, *w)
+        for i in range(5):
+            assert torch.equal(
+                NATIVE.moe_experts(x[i : i + 1], weights[i : i + 1], routed[i : i + 1], *w), full[i : i + 1]
+            )
+    # lazily negated views are read as they read (the C reads raw storage)
+    assert torch.equal(
+        NATIVE.moe_experts(x, (-weights)._neg_view(), ids, *w), NATIVE.moe_experts(x, weights, ids, *w)
+    )
+    assert torch.equal(
+        NATIVE.moe_experts(x, weights, (-ids)._neg_view(), *w), NATIVE.moe_experts(x, weights, ids, *w)
+    )
+    with pytest.raises(ValueError, match="at least one expert per token"):
+        NATIVE.moe_experts(x, weights[:, :0], ids[:, :0], *w)
+    with pytest.raises(TypeError, match="integer tensor"):
+        NATIVE.moe_experts(x, weights, ids.float(), *w)
+    with pytest.raises((TypeError, RuntimeError, KeyError)):  # mixed dtypes: the aligned op's refusal
+        NATIVE.moe_experts(x.bfloat16(), weights, ids, *w)
+
+
+def test_relu2_keeps_nan():
+    gen = torch.Generator().manual_seed(7)
+    x, weights, ids, *w = _moe(gen, 4, 4, 2, 16, 8, torch.float32, "relu2")
+    x[2, 3] = float("nan")
+    out = NATIVE.moe_experts(x, weights, ids, *w, "relu2")
+    assert out[2].isnan().any() and torch.isfinite(out[[0, 1, 3]]).all()
+    assert torch.equal(out.isnan(), ALIGNED.moe_experts(x, weights, ids, *w, "relu2").isnan())

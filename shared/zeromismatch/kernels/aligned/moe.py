@@ -121,11 +121,17 @@ def check_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation) -
         raise ValueError(
             f"topk_ids {tuple(topk_ids.shape)} / topk_weights {tuple(topk_weights.shape)} must be [T, k]"
         )
+    if topk_ids.shape[1] < 1:
+        raise ValueError("topk_ids must choose at least one expert per token (k >= 1)")
+    if topk_ids.is_floating_point() or topk_ids.is_complex() or topk_ids.dtype == torch.bool:
+        raise TypeError(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
     if activation == "silu" and w_gate is None:
         raise ValueError("activation 'silu' is gated and needs w_gate")
     if activation == "relu2" and w_gate is not None:
         raise ValueError("activation 'relu2' is not gated; pass w_gate=None")
     num_experts, inter, hidden = w_up.shape
+    if num_experts < 1:
+        raise ValueError("w_up must hold at least one expert")
     if hidden != x.shape[1] or w_down.shape != (num_experts, hidden, inter):
         raise ValueError(f"w_up {tuple(w_up.shape)} / w_down {tuple(w_down.shape)} do not match x")
     if w_gate is not None and w_gate.shape != w_up.shape:

@@ -11,10 +11,14 @@ expert's rows through the fused gate/up GEMM and the down GEMM of ``gemm.c`` (wh
 on their row and column alone, so the grouping never changes a token's bits), applies silu with
 fixed_math.h's exp (or relu2, exact), and sums the slots' weighted outputs in slot order in fp32,
 rounding once to x's dtype -- the aligned op's structure (moe.c states the rule). The weights are
-packed per expert once and cached while unchanged (a weight being trained is packed per call).
+packed per expert once and cached while unchanged; where the cache refuses (a weight being
+trained, an inference-mode weight, or one layer's experts larger than a quarter of the cache's
+budget) every expert is packed on each call, which costs more than the default op (a review
+measured 10-42x the cached time under inference mode).
 
-Inputs are fp32 or bf16 (other dtypes keep the aligned op); the backward is the aligned op's
-gradient (``_autograd.py``). The silu experts' bits differ from the pure-torch aligned set's.
+x and the expert weights share one dtype, fp32 or bf16 (other or mixed dtypes take the aligned
+op, which computes or refuses them); the backward is the aligned op's gradient (``_autograd.py``).
+The silu experts' bits differ from the pure-torch aligned set's.
 """
 
 from __future__ import annotations
@@ -68,15 +72,14 @@ def moe_experts(
     """Routed experts by the moe.c rule (module docstring); each token independent of its batch."""
     aligned_moe.check_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation)
     weights = [w for w in (w_gate, w_up, w_down) if w is not None]
-    if x.dtype not in _C_DTYPES or any(w.dtype not in _C_DTYPES for w in weights) or x.shape[0] == 0:
+    if x.dtype not in _C_DTYPES or any(w.dtype != x.dtype for w in weights) or x.shape[0] == 0:
+        # another dtype, mixed dtypes (the aligned op's error) or no tokens
         return aligned_moe.moe_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation)
     if not all(t.is_cpu for t in (x, topk_weights, topk_ids, *weights)):
         raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
     num_experts, inter, hidden = w_up.shape
     up_stack = (w_up,) if w_gate is None else (w_gate, w_up)
     up_rule, down_rule = _rule(x.dtype, w_up, hidden), _rule(x.dtype, w_down, inter)
-    if w_gate is not None and w_gate.dtype != w_up.dtype:
-        up_rule = torch.float32
 
     # decided here: inside the autograd function's forward grad mode is off
     trained = torch.is_grad_enabled() and any(w.requires_grad for w in weights)
@@ -85,8 +88,9 @@ def moe_experts(
         up = _packed_experts(up_stack, up_rule, cache=not trained)
         down = _packed_experts((w_down,), down_rule, cache=not trained)
         xc = x.detach().resolve_neg().contiguous()
-        ids = topk_ids.detach().to(torch.int64).contiguous()
-        slot_weights = topk_weights.detach().float().contiguous()
+        # resolve_neg: the C reads raw storage, which a lazily negated view does not hold negated
+        ids = topk_ids.detach().resolve_neg().to(torch.int64).contiguous()
+        slot_weights = topk_weights.detach().resolve_neg().float().contiguous()
         out = torch.empty(x.shape[0], hidden, dtype=torch.float32)
         status = _build.library().zm_moe_experts(
             xc.data_ptr(),
@@ -112,6 +116,8 @@ def moe_experts(
         )
         if status == -1:
             raise MemoryError("aligned-native moe_experts could not allocate its scratch memory")
+        if status == 2:
+            raise ValueError(f"topk_ids must be in [0, {num_experts})")
         if status != 0:  # unreachable: the shapes above are ones gemm.c takes
             raise RuntimeError(f"zm_moe_experts failed with status {status}")
         return out if x.dtype == torch.float32 else out.to(x.dtype)

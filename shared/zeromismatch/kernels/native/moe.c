@@ -11,7 +11,9 @@
  * The (token, slot) rows of one expert go through the GEMM together, but gemm.c's outputs depend on
  * their row and column alone, so a token's bits do not depend on which other tokens share an
  * expert, on the batch or on the thread count. relu2 is exact arithmetic plus one rounding, as in
- * torch; silu uses fixed_math.h's exp, so the silu experts' bits differ from the aligned set's.
+ * torch (so relu2 experts gave the pure-torch aligned op's bits in the tests here, where gemm.c's fp32
+ * rule matched oneDNN's order up to K = 512; not a promise); silu uses fixed_math.h's exp, so the silu
+ * experts' bits differ from the aligned set's.
  */
 #include <math.h>
 #include <stdint.h>
@@ -60,7 +62,8 @@ static inline float silu(float g) {
 /* x [T, H] (x_bf16 ? bf16 : fp32), ids / weights [T, top_k] (int64 / fp32), packed weights of
  * expert e at up_panels + e * up_stride (elements of the rule's dtype; up_bf16 / down_bf16 say which
  * rule each GEMM takes), gated: silu on [gate | up] halves, else relu2 on [up].
- * out fp32 [T, H], each value rounded to x's dtype. Returns 0, -1 without memory, 1 if gemm.c refused. */
+ * out fp32 [T, H], each value rounded to x's dtype. Returns 0, -1 without memory, 1 if gemm.c refused,
+ * 2 for an expert id outside [0, experts). */
 int zm_moe_experts(const void *x, int x_bf16, int64_t tokens, int64_t hidden, const int64_t *ids,
                    const float *weights, int64_t top_k, int64_t experts, int64_t inter, int gated,
                    const void *up_panels, int64_t up_stride, int64_t up_npanels, int up_bf16,
@@ -77,6 +80,8 @@ int zm_moe_experts(const void *x, int x_bf16, int64_t tokens, int64_t hidden, co
     float *o = malloc(sizeof(float) * (size_t)(pairs * hidden ? pairs * hidden : 1));
     float *row = malloc(sizeof(float) * (size_t)(hidden > inter ? hidden : inter) + sizeof(float));
     int status = (count && order && where && rows_in && h && act && o && row) ? 0 : -1;
+    for (int64_t p = 0; p < pairs && status == 0; p++) /* the caller checked; never index out of range */
+        if (ids[p] < 0 || ids[p] >= experts) status = 2;
     if (status == 0) {
         /* a stable counting sort of the (token, slot) pairs by expert */
         for (int64_t p = 0; p < pairs; p++) count[ids[p] + 1]++;
@@ -104,7 +109,7 @@ int zm_moe_experts(const void *x, int x_bf16, int64_t tokens, int64_t hidden, co
                     const float *hr = h + r * width;
                     for (int64_t i = 0; i < inter; i++) {
                         const float u = gated ? hr[inter + i] : hr[i];
-                        const float relu = u > 0.0f ? u : 0.0f;
+                        const float relu = u <= 0.0f ? 0.0f : u; /* a nan stays nan, as torch.relu */
                         row[i] = round_as(x_bf16, gated ? silu(hr[i]) * u : relu * relu);
                     }
                     store_row(act + (size_t)(r * inter) * down_elem, down_bf16, row, inter);
