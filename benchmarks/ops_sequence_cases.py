@@ -229,6 +229,8 @@ _NATIVE_OPS = {
     "gated_rms_norm": "gated_rms_norm",
     "rope": "rope",
     "moe": "moe_experts",
+    "causal_conv1d_prefill": "causal_conv1d",
+    "causal_conv1d_decode": "causal_conv1d",
 }
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
-_SOURCE_NAMES = ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c", "moe.c")
+_SOURCE_NAMES = ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c", "moe.c", "conv.c")
 SOURCES = tuple(_HERE / name for name in _SOURCE_NAMES)
 HEADERS = (_HERE / "fixed_math.h",)
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
@@ -131,14 +131,16 @@ def _load(path: Path) -> ctypes.CDLL:
         p, i32, i64, i64, p, p, i64, i64, i64, i32, p, i64, i64, i32, p, i64, i64, i32, p, i32,
     ]  # fmt: skip
     lib.zm_moe_experts.restype = ctypes.c_int
+    lib.zm_causal_conv1d.argtypes = [p, i32, i64, i64, p, i64, p, p, i64, p, i32, p, p, i32]
+    lib.zm_causal_conv1d.restype = ctypes.c_int
     lib.zm_uniform_rows.argtypes = [p, i64, i64, p]
     lib.zm_uniform_rows.restype = None
     return lib
 
 
 def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
-    """The compiled native library (attention, SSM scan, GEMM, RMSNorm/RoPE, MoE experts, the
-    sampler's noise) for ``flags`` (default ``build_flags``; REQUIRED_FLAGS are always appended),
+    """The compiled native library (attention, SSM scan and conv, GEMM, RMSNorm/RoPE, MoE experts,
+    the sampler's noise) for ``flags`` (default ``build_flags``; REQUIRED_FLAGS are always appended),
     built on first use, then cached on disk and in this process."""
     flags = tuple(build_flags if flags is None else flags)
     lib = _loaded.get(flags)  # the per-call path (a GEMM of one row costs microseconds): no lock

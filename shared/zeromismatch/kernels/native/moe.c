@@ -4,7 +4,7 @@
  * rules (x's dtype is fp32 or bf16; "round" means to x's dtype, nothing for fp32):
  *   h      = round(x[t] @ W_up[e].T)            gate and up fused: [2I] (silu) or [I] (relu2),
  *                                               by the gemm.c rule (gemm.c's header)
- *   a      = round(silu(h_gate) * h_up)         silu(g) = g / (1 + zm_exp(-g)), +inf for -g > 88;
+ *   a      = round(silu(h_gate) * h_up)         silu = fixed_math.h's zm_silu, g / (1 + zm_exp(-g));
  *          | round(relu(h_up) * relu(h_up))     the product in fp32, then one rounding
  *   o_j    = round(a @ W_down[e].T)             [H], by the gemm.c rule
  *   out[t] = round(((w_0 * o_0) + w_1 * o_1) + ...)   fp32 products and sums, slots in order
@@ -52,11 +52,6 @@ static void store_row(void *dst, int as_bf16, const float *src, int64_t n) {
         for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = bf16_bits(src[i]);
     else
         memcpy(dst, src, sizeof(float) * n);
-}
-
-static inline float silu(float g) {
-    const float e = -g > 88.0f ? INFINITY : zm_exp(-g);
-    return g / (1.0f + e);
 }
 
 /* x [T, H] (x_bf16 ? bf16 : fp32), ids / weights [T, top_k] (int64 / fp32), packed weights of
@@ -110,7 +105,7 @@ int zm_moe_experts(const void *x, int x_bf16, int64_t tokens, int64_t hidden, co
                     for (int64_t i = 0; i < inter; i++) {
                         const float u = gated ? hr[inter + i] : hr[i];
                         const float relu = u <= 0.0f ? 0.0f : u; /* a nan stays nan, as torch.relu */
-                        row[i] = round_as(x_bf16, gated ? silu(hr[i]) * u : relu * relu);
+                        row[i] = round_as(x_bf16, gated ? zm_silu(hr[i]) * u : relu * relu);
                     }
                     store_row(act + (size_t)(r * inter) * down_elem, down_bf16, row, inter);
                 }

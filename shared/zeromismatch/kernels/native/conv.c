@@ -1,0 +1,93 @@
+/* Mamba2's depthwise causal conv1d for the "aligned-native" kernel set (see conv.py).
+ *
+ * Per sequence s and channel c, over the window [state (W-1 values, zeros for a fresh sequence),
+ * then the sequence's inputs], all read as fp32 (bf16 converts exactly):
+ *   acc   = ((win[t] * w[0]) + win[t+1] * w[1]) + ... + win[t+W-1] * w[W-1]   (each product rounded)
+ *   acc   = acc + bias
+ *   y     = round(zm_silu(acc)) or round(acc)     (fixed_math.h; rounded to x's dtype)
+ *   state = the window's last W-1 values
+ * The products and sums are the pure-torch aligned conv's, in its order, so without activation the
+ * two sets give the same bits (tested); the silu is fixed_math.h's, so with it they differ. A
+ * (sequence, channel) is computed alone, so nothing depends on the batch or the thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "fixed_math.h"
+
+static inline float round_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        bits = (bits | 0x00400000u) & 0xffff0000u;
+    else
+        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+static inline float load(const void *base, int bf16, int64_t i) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+/* an fp32 value already rounded to bf16 when bf16 */
+static inline void store(void *base, int bf16, int64_t i, float v) {
+    if (bf16) {
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        ((uint16_t *)base)[i] = (uint16_t)(bits >> 16);
+    } else {
+        ((float *)base)[i] = v;
+    }
+}
+
+#define MAX_TAPS 16
+
+/* x [T, C] (rows x_stride elements apart) and state [S, C, W-1] / new_state, y [T, C] (contiguous)
+ * in one dtype (bf16 or fp32); weight fp32 [C, W]; bias fp32 [C] or NULL; state NULL = all fresh.
+ * 16 channels per step, lane for lane the scalar rule above (zm_silu16 == zm_silu per lane).
+ * Returns 0, or 1 for a width above MAX_TAPS. */
+int zm_causal_conv1d(const void *x, int bf16, int64_t x_stride, int64_t channels, const float *weight,
+                     int64_t width, const float *bias, const int64_t *cu, int64_t n_seq, const void *state,
+                     int silu, void *y, void *new_state, int n_threads) {
+    if (width < 2 || width > MAX_TAPS) return 1;
+    const int64_t chunks = (channels + LANES - 1) / LANES, hist_len = width - 1;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_seq * channels >= (1 << 14))
+    for (int64_t item = 0; item < n_seq * chunks; item++) {
+        const int64_t s = item / chunks, c0 = (item % chunks) * LANES, start = cu[s], len = cu[s + 1] - cu[s];
+        const int64_t n = channels - c0 < LANES ? channels - c0 : LANES;
+        v16 w[MAX_TAPS], hist[MAX_TAPS], b = {0};
+        for (int64_t i = 0; i < width; i++) {
+            w[i] = (v16){0};
+            for (int64_t l = 0; l < n; l++) w[i][l] = weight[(c0 + l) * width + i];
+        }
+        for (int64_t i = 0; i < hist_len; i++) {
+            hist[i] = (v16){0};
+            if (state)
+                for (int64_t l = 0; l < n; l++) hist[i][l] = load(state, bf16, ((s * channels + c0 + l) * hist_len) + i);
+        }
+        if (bias)
+            for (int64_t l = 0; l < n; l++) b[l] = bias[c0 + l];
+        for (int64_t t = 0; t < len; t++) {
+            v16 xin = {0};
+            const int64_t row = (start + t) * x_stride + c0;
+            if (!bf16 && n == LANES)
+                memcpy(&xin, (const float *)x + row, sizeof xin);
+            else
+                for (int64_t l = 0; l < n; l++) xin[l] = load(x, bf16, row + l);
+            v16 acc = hist[0] * w[0];
+            for (int64_t i = 1; i < hist_len; i++) acc = acc + hist[i] * w[i];
+            acc = acc + xin * w[hist_len];
+            if (bias) acc = acc + b;
+            if (silu) acc = zm_silu16(acc);
+            for (int64_t l = 0; l < n; l++)
+                store(y, bf16, (start + t) * channels + c0 + l, bf16 ? round_bf16(acc[l]) : acc[l]);
+            for (int64_t i = 0; i + 1 < hist_len; i++) hist[i] = hist[i + 1];
+            hist[hist_len - 1] = xin;
+        }
+        for (int64_t i = 0; i < hist_len; i++)
+            for (int64_t l = 0; l < n; l++) store(new_state, bf16, ((s * channels + c0 + l) * hist_len) + i, hist[i][l]);
+    }
+    return 0;
+}
