@@ -16,17 +16,6 @@
 
 #include "fixed_math.h"
 
-static inline float round_bf16(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u)
-        bits = (bits | 0x00400000u) & 0xffff0000u;
-    else
-        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
 static inline float load(const void *base, int bf16, int64_t i) {
     return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
@@ -82,7 +71,7 @@ int zm_causal_conv1d(const void *x, int bf16, int64_t x_stride, int64_t channels
             if (bias) acc = acc + b;
             if (silu) acc = zm_silu16(acc);
             for (int64_t l = 0; l < n; l++)
-                store(y, bf16, (start + t) * channels + c0 + l, bf16 ? round_bf16(acc[l]) : acc[l]);
+                store(y, bf16, (start + t) * channels + c0 + l, bf16 ? zm_round_bf16(acc[l]) : acc[l]);
             for (int64_t i = 0; i + 1 < hist_len; i++) hist[i] = hist[i + 1];
             hist[hist_len - 1] = xin;
         }

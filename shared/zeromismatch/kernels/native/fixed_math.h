@@ -109,4 +109,16 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* fp32 -> the nearest bf16 (ties to even), kept as fp32; a nan stays a quiet nan */
+static inline float zm_round_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        bits = (bits | 0x00400000u) & 0xffff0000u;
+    else
+        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
 #endif

@@ -150,19 +150,6 @@ static void block(const void *const *xr, int mr, const void *wp, int64_t ps, int
     block_c(xr, mr, wp, ps, is_bf16, kp, out, ldo);
 }
 
-static inline float round_to_bf16(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        bits = (bits | 0x00400000u) & 0xffff0000u; /* nan stays a (quiet) nan */
-    } else {
-        bits += 0x7fffu + ((bits >> 16) & 1u);
-        bits &= 0xffff0000u;
-    }
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
 /* The fixed pairwise tree of collectives.tree_sum, elementwise over ``count`` tiles of ``len``
  * values, in place into tile 0: ((t0+t1)+(t2+t3))+...; an odd last tile carries up a level. */
 static void tree_sum_tiles(float (*t)[MR * NV * PANEL], int64_t count, int64_t len) {
@@ -207,7 +194,7 @@ int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, i
                 float *t = tile[reduce ? p : 0];
                 block(xr, mr, wblk, ps, is_bf16, kp, t, NV * PANEL);
                 if (round_bf16)
-                    for (int i = 0; i < mr * NV * PANEL; i++) t[i] = round_to_bf16(t[i]);
+                    for (int i = 0; i < mr * NV * PANEL; i++) t[i] = zm_round_bf16(t[i]);
                 if (!reduce) {
                     float *dst = out + (p * m + m0) * n + c0;
                     for (int i = 0; i < mr; i++) memcpy(dst + i * n, t + i * NV * PANEL, ncols * sizeof(float));

@@ -25,19 +25,7 @@
 int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
                   int64_t n, int64_t pieces, int round_bf16, int reduce, float *out, int threads);
 
-/* nearest even, as gemm.c's round_to_bf16 (a nan stays a quiet nan) */
-static inline float round_bf16(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u)
-        bits = (bits | 0x00400000u) & 0xffff0000u;
-    else
-        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
-static inline float round_as(int bf16, float v) { return bf16 ? round_bf16(v) : v; }
+static inline float round_as(int bf16, float v) { return bf16 ? zm_round_bf16(v) : v; }
 
 /* an fp32 value already rounded to bf16, as its bf16 bits */
 static inline uint16_t bf16_bits(float v) {
