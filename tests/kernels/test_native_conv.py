@@ -85,6 +85,10 @@ def test_threads_strided_input_and_O0_build(monkeypatch):
     for dtype in NAMED_DTYPES.values():
         x, weight, bias, state = _conv_inputs(gen, [300, 5, 1], 100, 4, dtype)
         cases.append((x, weight, bias, _cu([300, 5, 1]), state))
+        # 200 sequences x 100 channels: past the threshold where the C loop runs on threads
+        lens = [i % 3 for i in range(200)]
+        x, weight, bias, state = _conv_inputs(gen, lens, 100, 4, dtype)
+        cases.append((x, weight, bias, _cu(lens), state))
     with torch_threads(1):
         one = [NATIVE.causal_conv1d(*c) for c in cases]
     with torch_threads(2):
@@ -179,9 +183,36 @@ def test_silu_is_fixed_maths_rule_bit_for_bit():
             ),
         ]
     )
-    x = values[:, None]
-    y, _ = NATIVE.causal_conv1d(x, torch.tensor([[0.0, 1.0]]), None, _cu([x.shape[0]]))
+    values = values[: values.numel() // 17 * 17 - 17].reshape(-1, 17)  # every vector lane in use
+    values = torch.cat(
+        [
+            values,
+            torch.tensor(
+                [
+                    [1e-30, 87.0, 86.99, 88.0, 88.5, -88.0, -88.5, 100.0, -100.0]
+                    + [float("inf"), float("nan")]
+                    + [1.0] * 6
+                ]
+            ),
+        ]
+    )
+    weight = torch.tensor([[0.0, 1.0]]).repeat(17, 1)
+    y, _ = NATIVE.causal_conv1d(values, weight, None, _cu([values.shape[0]]))
     expected = torch.from_numpy(_numpy_silu(values.numpy()))
-    assert torch.equal(y[:, 0].isnan(), expected.isnan())
+    assert torch.equal(y.isnan(), expected.isnan())
     keep = ~expected.isnan()
-    assert torch.equal(y[:, 0][keep], expected[keep])
+    assert torch.equal(y[keep], expected[keep])
+
+
+def test_double_backward_is_an_error_not_a_missing_term():
+    """Review finding: with ``y.sum()`` the incoming gradient needs no gradient, and
+    ``once_differentiable`` alone let a create_graph=True backward drop the second-order term."""
+    x = torch.randn(7, 5).requires_grad_()
+    weight = torch.randn(5, 4).requires_grad_()
+    y, _ = NATIVE.causal_conv1d(x, weight, None, _cu([7]), None, None)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+    h = torch.randn(3, 8).requires_grad_()
+    out = NATIVE.linear(h, torch.randn(4, 8).requires_grad_())
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(out.sum(), h, create_graph=True)

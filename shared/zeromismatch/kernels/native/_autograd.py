@@ -3,7 +3,7 @@
 The native kernels compute the forward (what engine and trainer compare bit for bit); their
 gradient is the pure-torch aligned op's, recomputed from the saved inputs -- the same function
 up to fp32 rounding, and gradients need no bitwise parity. Once differentiable: a double
-backward is an error, not a silently missing second-order term.
+backward (``create_graph=True``) is an error, not a silently missing second-order term.
 """
 
 from __future__ import annotations
@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.autograd.function import once_differentiable
+
+
+def refuse_double_backward() -> None:
+    """Raise when a backward runs with ``create_graph=True`` (grad mode is then on inside it).
+    ``once_differentiable`` alone raises only if the incoming gradients need a gradient; with
+    ``y.sum()`` they do not, and the second-order term would vanish silently (found in review)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "the aligned-native kernels have no double backward (a backward with create_graph=True); "
+            "use the aligned kernel set for higher-order gradients"
+        )
 
 
 class _NativeWithReferenceBackward(torch.autograd.Function):
@@ -23,8 +33,8 @@ class _NativeWithReferenceBackward(torch.autograd.Function):
         return forward_fn()
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grad_outputs):
+        refuse_double_backward()
         with torch.enable_grad():
             needs = ctx.needs_input_grad[2:]  # after forward_fn and reference_fn
             detached = [t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, needs)]

@@ -7,7 +7,8 @@ call at a tiny-nemotron-h decode step, 0.4 of its ~4 ms (measured).
 What. conv.c computes each (sequence, channel) alone: the window [state, inputs] in fp32, the taps'
 products summed in the aligned conv's order, plus the bias, then fixed_math.h's silu (or none),
 rounded to x's dtype; the new state is the window's last W-1 values (conv.c states the rule).
-Without an activation its bits are the pure-torch aligned conv's (tested); with silu they differ.
+Without an activation its bits are the pure-torch aligned conv's (tested; up to the encoding of a
+bf16 nan, which torch's cast writes as 0xffff); with silu they differ.
 
 x and the state share x's dtype, fp32 or bf16 (a state of another dtype is cast first, as the
 aligned conv does); other dtypes, and conv widths above 16, keep the aligned op. 16 channels are

@@ -1,4 +1,4 @@
-/* Fixed-rounding helpers shared by the native kernels (attention.c, ssm.c): pure IEEE
+/* Fixed-rounding helpers shared by the native kernels (attention, ssm, gemm, pointwise, moe, conv): pure IEEE
  * mul/add/compare sequences, so every call gives the same bits for the same input on any
  * compiler target built with -ffp-contract=off and no fast-math. */
 #ifndef ZM_FIXED_MATH_H

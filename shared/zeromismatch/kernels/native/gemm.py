@@ -40,7 +40,6 @@ import math
 from typing import NamedTuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import collectives
 from ..aligned import dense as aligned_dense
@@ -48,7 +47,7 @@ from ..aligned.gemm import cached_from_weights, row_invariant_pieces
 from ..base import QuantizedWeight
 from ..quant import cached_dequantize, dequantize
 from . import _build
-from ._autograd import native_with_reference_backward
+from ._autograd import native_with_reference_backward, refuse_double_backward
 
 #: output columns per panel and panels per register block (must match gemm.c)
 PANEL = 16
@@ -197,8 +196,8 @@ class _NativeMatmul(torch.autograd.Function):
         return compute()
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
+        refuse_double_backward()
         x2d, weight = ctx.saved_tensors
         grad_x = grad_w = None
         if ctx.needs_input_grad[1]:
