@@ -74,6 +74,14 @@ def test_no_activation_is_the_aligned_conv_and_fp32_silu_is_not(dtype):
         ALIGNED.causal_conv1d(x, weight, bias, cu, state, None),
     ):
         assert torch.equal(native, aligned)
+    # nan and inf inputs: the same values, and in bf16 the same nan encoding as torch's cast (0xffff)
+    x[3, 5], x[9, 0], state[0, 2, 1] = float("nan"), float("inf"), float("nan")
+    for native, aligned in zip(
+        NATIVE.causal_conv1d(x, weight, bias, cu, state, None),
+        ALIGNED.causal_conv1d(x, weight, bias, cu, state, None),
+    ):
+        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(native.view(bits), aligned.view(bits))
     if dtype == torch.float32:
         native_y = NATIVE.causal_conv1d(x, weight, bias, cu, state)[0]
         assert not torch.equal(native_y, ALIGNED.causal_conv1d(x, weight, bias, cu, state)[0])

@@ -30,7 +30,7 @@ _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
 _SOURCE_NAMES = ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c", "moe.c", "conv.c")
 SOURCES = tuple(_HERE / name for name in _SOURCE_NAMES)
-HEADERS = (_HERE / "fixed_math.h",)
+HEADERS = (_HERE / "fixed_math.h", _HERE / "gemm.h")
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
 REQUIRED_FLAGS = ("-ffp-contract=off", "-fno-fast-math")

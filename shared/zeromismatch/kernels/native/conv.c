@@ -4,7 +4,8 @@
  * then the sequence's inputs], all read as fp32 (bf16 converts exactly):
  *   acc   = ((win[t] * w[0]) + win[t+1] * w[1]) + ... + win[t+W-1] * w[W-1]   (each product rounded)
  *   acc   = acc + bias
- *   y     = round(zm_silu(acc)) or round(acc)     (fixed_math.h; rounded to x's dtype)
+ *   y     = round(zm_silu(acc)) or round(acc)     (fixed_math.h; rounded to x's dtype as torch's
+ *                                                 cast rounds, a bf16 nan included)
  *   state = the window's last W-1 values
  * The products and sums are the pure-torch aligned conv's, in its order, so without activation the
  * two sets give the same bits (tested); the silu is fixed_math.h's, so with it they differ. A
@@ -15,21 +16,6 @@
 #include <string.h>
 
 #include "fixed_math.h"
-
-static inline float load(const void *base, int bf16, int64_t i) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
-}
-
-/* an fp32 value already rounded to bf16 when bf16 */
-static inline void store(void *base, int bf16, int64_t i, float v) {
-    if (bf16) {
-        uint32_t bits;
-        memcpy(&bits, &v, sizeof bits);
-        ((uint16_t *)base)[i] = (uint16_t)(bits >> 16);
-    } else {
-        ((float *)base)[i] = v;
-    }
-}
 
 #define MAX_TAPS 16
 
@@ -54,7 +40,7 @@ int zm_causal_conv1d(const void *x, int bf16, int64_t x_stride, int64_t channels
         for (int64_t i = 0; i < hist_len; i++) {
             hist[i] = (v16){0};
             if (state)
-                for (int64_t l = 0; l < n; l++) hist[i][l] = load(state, bf16, ((s * channels + c0 + l) * hist_len) + i);
+                for (int64_t l = 0; l < n; l++) hist[i][l] = zm_load(state, bf16, ((s * channels + c0 + l) * hist_len) + i);
         }
         if (bias)
             for (int64_t l = 0; l < n; l++) b[l] = bias[c0 + l];
@@ -64,19 +50,19 @@ int zm_causal_conv1d(const void *x, int bf16, int64_t x_stride, int64_t channels
             if (!bf16 && n == LANES)
                 memcpy(&xin, (const float *)x + row, sizeof xin);
             else
-                for (int64_t l = 0; l < n; l++) xin[l] = load(x, bf16, row + l);
+                for (int64_t l = 0; l < n; l++) xin[l] = zm_load(x, bf16, row + l);
             v16 acc = hist[0] * w[0];
             for (int64_t i = 1; i < hist_len; i++) acc = acc + hist[i] * w[i];
             acc = acc + xin * w[hist_len];
             if (bias) acc = acc + b;
             if (silu) acc = zm_silu16(acc);
             for (int64_t l = 0; l < n; l++)
-                store(y, bf16, (start + t) * channels + c0 + l, bf16 ? zm_round_bf16(acc[l]) : acc[l]);
+                zm_store(y, bf16, (start + t) * channels + c0 + l, acc[l]);
             for (int64_t i = 0; i + 1 < hist_len; i++) hist[i] = hist[i + 1];
             hist[hist_len - 1] = xin;
         }
         for (int64_t i = 0; i < hist_len; i++)
-            for (int64_t l = 0; l < n; l++) store(new_state, bf16, ((s * channels + c0 + l) * hist_len) + i, hist[i][l]);
+            for (int64_t l = 0; l < n; l++) zm_store(new_state, bf16, ((s * channels + c0 + l) * hist_len) + i, hist[i][l]);
     }
     return 0;
 }

@@ -7,8 +7,8 @@ call at a tiny-nemotron-h decode step, 0.4 of its ~4 ms (measured).
 What. conv.c computes each (sequence, channel) alone: the window [state, inputs] in fp32, the taps'
 products summed in the aligned conv's order, plus the bias, then fixed_math.h's silu (or none),
 rounded to x's dtype; the new state is the window's last W-1 values (conv.c states the rule).
-Without an activation its bits are the pure-torch aligned conv's (tested; up to the encoding of a
-bf16 nan, which torch's cast writes as 0xffff); with silu they differ.
+Without an activation its bits are the pure-torch aligned conv's (tested, a bf16 nan's encoding
+included); with silu they differ.
 
 x and the state share x's dtype, fp32 or bf16 (a state of another dtype is cast first, as the
 aligned conv does); other dtypes, and conv widths above 16, keep the aligned op. 16 channels are
@@ -74,12 +74,10 @@ def causal_conv1d(
             raise RuntimeError(f"zm_causal_conv1d refused conv width {width}")
         return y, new_state
 
-    def reference(*inputs):
-        named = dict(zip(("x", "weight", "bias", "conv_state"), [x, weight, bias, conv_state]))
-        it = iter(inputs)
-        args = {k: (next(it) if v is not None else None) for k, v in named.items()}
-        return aligned_ssm.causal_conv1d(
-            args["x"], args["weight"], args["bias"], cu_seqlens, args["conv_state"], activation
-        )
+    def reference(x_, weight_, *optional):  # optional: bias, then conv_state, each when given
+        rest = iter(optional)
+        bias_ = None if bias is None else next(rest)
+        state_ = None if conv_state is None else next(rest)
+        return aligned_ssm.causal_conv1d(x_, weight_, bias_, cu_seqlens, state_, activation)
 
     return native_with_reference_backward(forward, reference, *tensors)

@@ -29,18 +29,9 @@ from ..aligned import moe as aligned_moe
 from ..aligned.gemm import cached_from_weights
 from . import _build
 from ._autograd import native_with_reference_backward
-from .gemm import _pack
+from .gemm import _pack, _uses_bf16_rule
 
 _C_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _rule(x_dtype: torch.dtype, weight: torch.Tensor, k: int) -> torch.dtype:
-    """The gemm.c rule a GEMM of this input takes (as ``gemm.linear`` picks it)."""
-    return (
-        torch.bfloat16
-        if x_dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and k % 2 == 0
-        else torch.float32
-    )
 
 
 def _packed_experts(stacked: tuple[torch.Tensor, ...], dtype: torch.dtype, cache: bool) -> torch.Tensor:
@@ -79,7 +70,9 @@ def moe_experts(
         raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
     num_experts, inter, hidden = w_up.shape
     up_stack = (w_up,) if w_gate is None else (w_gate, w_up)
-    up_rule, down_rule = _rule(x.dtype, w_up, hidden), _rule(x.dtype, w_down, inter)
+    # the rule gemm.linear would take for each GEMM
+    up_rule = torch.bfloat16 if _uses_bf16_rule(x, w_up, hidden) else torch.float32
+    down_rule = torch.bfloat16 if _uses_bf16_rule(x, w_down, inter) else torch.float32
 
     # decided here: inside the autograd function's forward grad mode is off
     trained = torch.is_grad_enabled() and any(w.requires_grad for w in weights)

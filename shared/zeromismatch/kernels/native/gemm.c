@@ -25,6 +25,7 @@
 #endif
 
 #include "fixed_math.h"
+#include "gemm.h"
 
 #define PANEL 16 /* output columns per panel: one 512-bit vector of fp32 accumulators */
 #define NV 4     /* panels per register block (gemm.py pads the panel count to a multiple) */

@@ -21,9 +21,8 @@
 #include <string.h>
 
 #include "fixed_math.h"
+#include "gemm.h"
 
-int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
-                  int64_t n, int64_t pieces, int round_bf16, int reduce, float *out, int threads);
 
 static inline float round_as(int bf16, float v) { return bf16 ? zm_round_bf16(v) : v; }
 

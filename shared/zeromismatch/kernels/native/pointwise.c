@@ -28,30 +28,8 @@
 
 #include "fixed_math.h"
 
-/* torch's float -> bfloat16 as its vectorized conversion does it: round to nearest even, and any
- * nan becomes 0xffff (measured for torch 2.13 on this CPU at every length; c10's scalar conversion
- * would give 0x7fc0) */
-static inline uint16_t f32_to_bf16(float f) {
-    if (f != f) return 0xffff;
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
-static inline float load(const void *base, int bf16, int64_t i) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
-}
-
-static inline void store(void *base, int bf16, int64_t i, float v) {
-    if (bf16)
-        ((uint16_t *)base)[i] = f32_to_bf16(v);
-    else
-        ((float *)base)[i] = v;
-}
-
 /* v rounded to bf16 and back when bf16, else v */
-static inline float round_as(int bf16, float v) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
+static inline float round_as(int bf16, float v) { return bf16 ? bf16_to_f32(zm_torch_bf16(v)) : v; }
 
 static float sum_of_squares(const void *row, int bf16, int64_t h) {
     v16 acc = {0};
@@ -67,7 +45,7 @@ static float sum_of_squares(const void *row, int bf16, int64_t h) {
     }
     if (j < h) {
         v16 v = {0};
-        for (int64_t i = 0; j + i < h; i++) v[i] = load(row, bf16, j + i);
+        for (int64_t i = 0; j + i < h; i++) v[i] = zm_load(row, bf16, j + i);
         acc = acc + v * v;
     }
     return lanes_tree(acc);
@@ -77,8 +55,8 @@ static float sum_of_squares(const void *row, int bf16, int64_t h) {
 static inline void scale_row(const char *xg, float r, const void *weight, char *orow, int64_t g, int64_t group,
                              const int x_bf16, const int n_bf16, const int w_bf16, const int out_bf16) {
     for (int64_t j = 0; j < group; j++) {
-        const float n = round_as(n_bf16, load(xg, x_bf16, j) * r);
-        store(orow, out_bf16, g + j, n * load(weight, w_bf16, g + j));
+        const float n = round_as(n_bf16, zm_load(xg, x_bf16, j) * r);
+        zm_store(orow, out_bf16, g + j, n * zm_load(weight, w_bf16, g + j));
     }
 }
 
@@ -113,10 +91,10 @@ static inline void rope_row(const char *xr, char *orow, const float *cos_row, co
                             int64_t half, const int bf16, const int interleaved) {
     for (int64_t i = 0; i < half; i++) {
         const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-        const float a = load(xr, bf16, ia), b = load(xr, bf16, ib), c = cos_row[i], s = sin_row[i];
+        const float a = zm_load(xr, bf16, ia), b = zm_load(xr, bf16, ib), c = cos_row[i], s = sin_row[i];
         const float ac = a * c, bs = b * s, bc = b * c, as = a * s;
-        store(orow, bf16, ia, ac - bs);
-        store(orow, bf16, ib, bc + as);
+        zm_store(orow, bf16, ia, ac - bs);
+        zm_store(orow, bf16, ib, bc + as);
     }
 }
 
