@@ -258,3 +258,42 @@ def test_processed_logprobs_with_greedy_rows_are_differentiable():
         out = kernels.processed_log_softmax(logits, temperature, top_k, top_p)
         out[1:].sum().backward()
         assert torch.isfinite(logits.grad).all() and torch.equal(logits.grad[0], torch.zeros(11))
+
+
+def test_processed_reused_parameter_tensors_are_never_served_stale():
+    """processed_log_softmax keeps what it derived from the last parameter tensors (a decode loop
+    passes the same ones every step). Changing them in place, or passing equal-valued new ones,
+    must give exactly what a fresh computation gives, and a bad in-place value must still raise."""
+    from zeromismatch.kernels.aligned import dense
+
+    logits = _randn((4, 60), seed=7, scale=2.0)
+    t = torch.tensor([1.0, 0.0, 0.5, 1.0])
+    k = torch.tensor([0, 0, 5, 0])
+    p = torch.tensor([1.0, 1.0, 1.0, 0.8])
+
+    def fresh(rows=None):
+        dense._LAST_PLAN[0] = None
+        rows = logits if rows is None else rows
+        return ALIGNED.processed_log_softmax(rows, t.clone(), k.clone(), p.clone())
+
+    first = ALIGNED.processed_log_softmax(logits, t, k, p)
+    assert torch.equal(first, fresh())
+    assert torch.equal(ALIGNED.processed_log_softmax(logits, t, k, p), first)  # served from the plan
+    for tensor, index, value in ((t, 1, 0.7), (k, 0, 3), (p, 0, 0.5), (t, 2, 0.0)):
+        tensor[index] = value  # in place: bumps the version
+        assert torch.equal(ALIGNED.processed_log_softmax(logits, t, k, p), fresh())
+    # the same parameters with other logits
+    other = _randn((4, 60), seed=8)
+    ALIGNED.processed_log_softmax(logits, t, k, p)
+    assert torch.equal(ALIGNED.processed_log_softmax(other, t, k, p), fresh(other))
+    with torch.inference_mode():  # no version counter: never kept, always computed afresh
+        ti, ki, pi = t.clone(), k.clone(), p.clone()
+        ALIGNED.processed_log_softmax(logits, ti, ki, pi)
+        ti[1] = 0.3
+        served = ALIGNED.processed_log_softmax(logits, ti, ki, pi)
+    t[1] = 0.3
+    assert torch.equal(served, fresh())
+    t[0] = -1.0
+    with pytest.raises(ValueError, match="temperature"):
+        ALIGNED.processed_log_softmax(logits, t, k, p)
+

@@ -209,3 +209,26 @@ def test_bad_inputs_raise():
         ALIGNED.moe_experts(torch.randn(1, 16), torch.ones(1, 2), ids, w_gate, w_up, w_down)
     with pytest.raises(ValueError, match="w_gate"):
         ALIGNED.moe_experts(torch.randn(1, 16), torch.ones(1, 2), ids.clamp(max=3), None, w_up, w_down)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("activation", ["silu", "relu2"])
+@pytest.mark.parametrize("hidden,inter", [(1, 1), (1, 8), (8, 1)])
+def test_one_wide_hidden_or_intermediate(dtype, activation, hidden, inter):
+    """A 1-column GEMM (hidden 1, or relu2's up at inter 1) once crashed the cached-weight path: the
+    packed weight's zero padding column reached the next GEMM / the slot sum. Both sets compute it;
+    the aligned bits match the autograd path's and each token alone gives the batch's bits."""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(5, hidden, generator=gen).to(DTYPES[dtype])
+    weights = _experts(gen, 4, hidden, inter, activation == "silu", DTYPES[dtype])
+    topk_w, topk_ids = ALIGNED.moe_route(torch.randn(5, 4, generator=gen), 2)
+    out = ALIGNED.moe_experts(x, topk_w, topk_ids, *weights, activation=activation)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    leaves = [w if w is None else w.clone().requires_grad_() for w in weights]
+    assert torch.equal(ALIGNED.moe_experts(x, topk_w, topk_ids, *leaves, activation=activation).detach(), out)
+    for t in range(5):
+        one = slice(t, t + 1)
+        alone = ALIGNED.moe_experts(x[one], topk_w[one], topk_ids[one], *weights, activation=activation)
+        assert torch.equal(alone, out[one])
+    default = DEFAULT.moe_experts(x, topk_w, topk_ids, *weights, activation=activation)
+    assert default.shape == x.shape and default.dtype == x.dtype

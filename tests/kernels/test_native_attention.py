@@ -89,8 +89,9 @@ def _paged_steps(kernels, seqs, kc, vc, table, chunk, scale):
 @given(
     hkv=st.integers(1, 3),
     group=st.integers(1, 4),
-    dqk=st.integers(1, 80),
-    dv=st.integers(1, 80),
+    # whole-chunk head dims (Dqk % 16 == 0 and Dv % 64 == 0) take attention.c's specialised loops
+    dqk=st.one_of(st.integers(1, 80), st.sampled_from([16, 64])),
+    dv=st.one_of(st.integers(1, 80), st.just(64)),
     lens=st.lists(st.integers(1, 40), min_size=1, max_size=4),
     chunk=st.integers(1, 9),
     block=st.integers(1, 20),
@@ -134,17 +135,41 @@ def test_thread_count_and_views_do_not_change_bits():
     assert lazy_k.is_neg() and torch.equal(NATIVE.attention(q, lazy_k, v, cu, cu, 0.125), one)
 
 
-def test_O0_build_gives_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("dqk, dv", [(72, 40), (64, 64), (32, 128)])  # generic and whole-chunk loops
+def test_O0_build_gives_the_same_bits(monkeypatch, dqk, dv):
     """The bits follow from the source alone: an unoptimized build for the baseline target (SSE2,
     no auto-vectorization) agrees with the -O3 -march=native one (AVX-512 here)."""
     gen = torch.Generator().manual_seed(4)
     for dtype in DTYPES.values():
-        seqs = _make(gen, [33, 5, 17], 6, 2, 72, 40, dtype)
+        seqs = _make(gen, [33, 5, 17], 6, 2, dqk, dv, dtype)
         vectorized = _prefill(NATIVE, seqs, 0.1)
         monkeypatch.setattr(_build, "build_flags", ("-O0",))
         scalar = _prefill(NATIVE, seqs, 0.1)
         monkeypatch.undo()
         assert torch.equal(vectorized, scalar)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_whole_chunk_loops_give_the_generic_loops_bits(dtype):
+    """attention.c runs head dims in whole chunks (Dqk % 16 == 0, Dv % 64 == 0) through its own
+    loops. Widening V by 16 columns sends the same call through the generic loops, where each output
+    column is computed alone: the first Dv columns must keep every bit, nan and inf included."""
+    gen = torch.Generator().manual_seed(5)
+    seqs = _make(gen, [40, 1, 23], 8, 2, 64, 64, DTYPES[dtype])
+    q0, k0, v0 = seqs[0]
+    k0[3, 1, 5], v0[7, 0, 9], v0[11, 1, 63] = float("inf"), float("nan"), -float("inf")
+    extra = [torch.randn(*v.shape[:2], 16, generator=gen).to(v.dtype) for _, _, v in seqs]
+    wide = [(q, k, torch.cat([v, e], -1)) for (q, k, v), e in zip(seqs, extra)]
+    whole = _prefill(NATIVE, seqs, 0.125)
+    generic = _prefill(NATIVE, wide, 0.125)[..., :64]
+    assert torch.equal(whole.isnan(), generic.isnan())
+    assert torch.equal(whole.nan_to_num(), generic.nan_to_num())
+    kc, vc, table = _paged(gen, seqs, 16)
+    wkc, wvc, wtable = _paged(torch.Generator().manual_seed(6), wide, 16)
+    decode = _paged_steps(NATIVE, seqs, kc, vc, table, 1, 0.125)
+    wide_decode = _paged_steps(NATIVE, wide, wkc, wvc, wtable, 1, 0.125)[..., :64]
+    assert torch.equal(decode.nan_to_num(), whole.nan_to_num())
+    assert torch.equal(wide_decode.nan_to_num(), whole.nan_to_num())
 
 
 def test_native_and_pure_torch_aligned_bits_differ():

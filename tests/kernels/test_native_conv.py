@@ -224,3 +224,16 @@ def test_double_backward_is_an_error_not_a_missing_term():
     out = NATIVE.linear(h, torch.randn(4, 8).requires_grad_())
     with pytest.raises(RuntimeError, match="no double backward"):
         torch.autograd.grad(out.sum(), h, create_graph=True)
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_a_tensor_off_the_cpu_raises_instead_of_falling_back(activation):
+    """With silu the native bits differ from the aligned conv's, so running the aligned conv for a
+    tensor on another device would silently break parity: any tensor off the CPU ("meta" stands in
+    for a GPU) is refused, without activation too (one rule for the set)."""
+    gen = torch.Generator().manual_seed(9)
+    inputs, cu = _conv_inputs(gen, [3, 2], 8, 4, torch.float32), _cu([3, 2])
+    for i in range(len(inputs)):
+        moved = [t.to("meta") if j == i else t for j, t in enumerate(inputs)]
+        with pytest.raises(ValueError, match="CPU only"):
+            NATIVE.causal_conv1d(*moved[:3], cu, moved[3], activation)

@@ -177,6 +177,10 @@ def test_edge_inputs():
         NATIVE.moe_experts(x, weights, ids.float(), *w)
     with pytest.raises((TypeError, RuntimeError, KeyError)):  # mixed dtypes: the aligned op's refusal
         NATIVE.moe_experts(x.bfloat16(), weights, ids, *w)
+    # a tensor off the CPU ("meta" stands in for a GPU) is refused, no tokens included (_device.py)
+    for tokens in (x, x[:0]):
+        with pytest.raises(ValueError, match="CPU only"):
+            NATIVE.moe_experts(tokens.to("meta"), weights[: len(tokens)], ids[: len(tokens)], *w)
 
 
 def test_relu2_keeps_nan():

@@ -277,3 +277,31 @@ def test_other_dtypes_and_edge_inputs_keep_the_aligned_op():
     out = NATIVE.rms_norm(nan_row, torch.ones(4), 1e-6)
     assert out[0].isnan().all() and torch.isfinite(out[1]).all()
     assert torch.equal(NATIVE.rms_norm(torch.zeros(1, 8), torch.ones(8), 1e-6), torch.zeros(1, 8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_a_tensor_off_the_cpu_raises_instead_of_falling_back(dtype):
+    """The native norms' bits differ from the aligned ops', so running the aligned op for a tensor on
+    another device would silently break parity; each op refuses any of its tensors off the CPU ("meta"
+    stands in for a GPU), empty ones and rope (whose bits would match) included. An fp64 input keeps
+    the aligned op on every device: both sides take that route."""
+
+    def meta(t: torch.Tensor) -> torch.Tensor:
+        return t.to("meta")
+
+    x, w = torch.ones(3, 8, dtype=dtype), torch.ones(8, dtype=dtype)
+    rope_x, positions, inv_freq = torch.ones(3, 2, 16, dtype=dtype), torch.arange(3), _inv_freq(16)
+    calls = [
+        lambda: NATIVE.rms_norm(meta(x), meta(w), 1e-6),
+        lambda: NATIVE.rms_norm(x, meta(w), 1e-6),
+        lambda: NATIVE.rms_norm(meta(x[:0]), w, 1e-6),
+        lambda: NATIVE.gated_rms_norm(meta(x), meta(x), meta(w), 1e-6, 4),
+        lambda: NATIVE.gated_rms_norm(x, meta(x), w, 1e-6, 4),
+        lambda: NATIVE.rope(meta(rope_x), positions, inv_freq),
+        lambda: NATIVE.rope(rope_x, meta(positions), inv_freq),
+        lambda: NATIVE.rope(rope_x, positions, meta(inv_freq)),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="CPU only"):
+            call()
+    assert NATIVE.rms_norm(meta(x.double()), meta(w.double()), 1e-6).device.type == "meta"

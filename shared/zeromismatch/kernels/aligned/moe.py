@@ -186,6 +186,7 @@ def moe_experts(
     )
     packed_up = None if grad else packed_experts(*up_weights)
     packed_down = None if packed_up is None else packed_experts(w_down)
+    up_cols = inter * len(up_weights)
     outs, offset = [], 0
     for expert, count in enumerate(counts):
         if count == 0:
@@ -193,7 +194,14 @@ def moe_experts(
         if packed_down is not None:
             rows, first = _expert_rows(rows_sorted, offset, count)
             gate_up = linear_prepacked(rows.contiguous(), packed_up[expert])
+            # packed_experts pads a 1-column weight (relu2 at inter 1, or hidden 1) with a zero
+            # row up to ONEDNN_MIN_COLS; its extra output column must not reach the next GEMM or
+            # the slot sum (columns never interact, so the slice keeps the unpadded path's bits)
+            if gate_up.shape[1] != up_cols:
+                gate_up = gate_up[:, :up_cols].contiguous()
             out = linear_prepacked(_activate(gate_up, inter, activation, x.dtype), packed_down[expert])
+            if out.shape[1] != hidden_size:
+                out = out[:, :hidden_size]
             outs.append(out[first : first + count] if first or out.shape[0] != count else out)
         else:  # autograd, or weights that cannot be cached: the same GEMMs on the plain weights
             rows = rows_sorted[offset : offset + count]

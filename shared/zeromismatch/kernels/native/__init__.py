@@ -8,7 +8,8 @@ op (``kernels/aligned``). The C
 sources are compiled with the system C compiler on first use (``_build.py``). Every value the C
 code produces is one fixed sequence of IEEE operations, so the set keeps the aligned set's
 invariances by construction; its bits differ from the pure-torch aligned set's, so the engine
-and the trainer must both run it. CPU only; needs a C compiler with OpenMP.
+and the trainer must both run it. CPU only: every op raises one ValueError for a tensor on another
+device, never falling back to the aligned op (``_device.py``); needs a C compiler with OpenMP.
 
     zm parity --model tiny-qwen3 --kernels aligned-native
 """

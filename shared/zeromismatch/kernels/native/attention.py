@@ -33,6 +33,7 @@ from ..aligned import attention as aligned_attention
 from ..aligned.attention import _cached_plan, _check_offsets, check_packed_inputs, check_paged_inputs
 from . import _build
 from ._autograd import native_with_reference_backward
+from ._device import require_cpu
 
 _IN_PLACE_KV = (torch.float32, torch.bfloat16)
 
@@ -64,8 +65,7 @@ def _plan_from(cu_q: list[int], kv_list: list[int], **index) -> _Plan:
 
 def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, plan: _Plan, scale: float):
     """``[Tq, Hq, Dv]`` in q's dtype; k_rows / v_rows ``[N, Hkv*D]`` rows of all heads."""
-    if any(t.device.type != "cpu" for t in (q, k_rows, v_rows)):
-        raise ValueError("the aligned-native kernels run on the CPU only (q, k and v must be CPU tensors)")
+    require_cpu(q, k_rows, v_rows)
     tq, hq, dqk = q.shape
     dv = v_rows.shape[1] // hkv
     # the kernel reads fp32 or bf16 in place (raw pointers: contiguous, and a lazily negated view

@@ -13,7 +13,8 @@ included); with silu they differ.
 x and the state share x's dtype, fp32 or bf16 (a state of another dtype is cast first, as the
 aligned conv does); other dtypes, and conv widths above 16, keep the aligned op. 16 channels are
 computed per vector step (fixed_math.h's zm_silu16 gives zm_silu's bits lane for lane). The
-backward is the aligned op's gradient (``_autograd.py``). CPU only.
+backward is the aligned op's gradient (``_autograd.py``). CPU only: a tensor on another device
+(cu_seqlens included) raises ValueError (``_device.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from ..aligned import ssm as aligned_ssm
 from . import _build
 from ._autograd import native_with_reference_backward
+from ._device import require_cpu
 
 _C_DTYPES = (torch.float32, torch.bfloat16)
 #: widest conv conv.c takes (MAX_TAPS); wider ones keep the aligned op (Mamba2 uses 4)
@@ -40,8 +42,9 @@ def causal_conv1d(
     """Depthwise causal conv over packed sequences by the conv.c rule (module docstring)."""
     cu, width = aligned_ssm.check_conv(x, weight, bias, cu_seqlens, conv_state, activation)
     tensors = [t for t in (x, weight, bias, conv_state) if t is not None]
-    if x.dtype not in _C_DTYPES or width > _MAX_TAPS or not all(t.is_cpu for t in tensors):
+    if x.dtype not in _C_DTYPES or width > _MAX_TAPS:
         return aligned_ssm.causal_conv1d(x, weight, bias, cu_seqlens, conv_state, activation)
+    require_cpu(*tensors, cu)  # cu too: the C reads its offsets from memory
     num_seqs, channels = cu.numel() - 1, x.shape[1]
 
     def forward():

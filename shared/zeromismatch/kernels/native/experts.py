@@ -18,7 +18,7 @@ measured 10-42x the cached time under inference mode).
 
 x and the expert weights share one dtype, fp32 or bf16 (other or mixed dtypes take the aligned
 op, which computes or refuses them); the backward is the aligned op's gradient (``_autograd.py``).
-The silu experts' bits differ from the pure-torch aligned set's.
+The silu experts' bits differ from the pure-torch aligned set's. CPU only (``_device.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..aligned import moe as aligned_moe
 from ..aligned.gemm import cached_from_weights
 from . import _build
 from ._autograd import native_with_reference_backward
+from ._device import require_cpu
 from .gemm import _pack, _uses_bf16_rule
 
 _C_DTYPES = (torch.float32, torch.bfloat16)
@@ -63,11 +64,12 @@ def moe_experts(
     """Routed experts by the moe.c rule (module docstring); each token independent of its batch."""
     aligned_moe.check_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation)
     weights = [w for w in (w_gate, w_up, w_down) if w is not None]
-    if x.dtype not in _C_DTYPES or any(w.dtype != x.dtype for w in weights) or x.shape[0] == 0:
-        # another dtype, mixed dtypes (the aligned op's error) or no tokens
+    if x.dtype not in _C_DTYPES or any(w.dtype != x.dtype for w in weights):
+        # another dtype, or mixed dtypes (the aligned op's error)
         return aligned_moe.moe_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation)
-    if not all(t.is_cpu for t in (x, topk_weights, topk_ids, *weights)):
-        raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
+    require_cpu(x, topk_weights, topk_ids, *weights)
+    if x.shape[0] == 0:
+        return aligned_moe.moe_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation)
     num_experts, inter, hidden = w_up.shape
     up_stack = (w_up,) if w_gate is None else (w_gate, w_up)
     # the rule gemm.linear would take for each GEMM

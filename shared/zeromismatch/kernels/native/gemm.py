@@ -48,6 +48,7 @@ from ..base import QuantizedWeight
 from ..quant import cached_dequantize, dequantize
 from . import _build
 from ._autograd import native_with_reference_backward, refuse_double_backward
+from ._device import require_cpu
 
 #: output columns per panel and panels per register block (must match gemm.c)
 PANEL = 16
@@ -119,8 +120,7 @@ def panel_gemm(
     fixed tree, bit for bit. ``weight`` may come packed (``PackedWeight``); ``cache=False`` packs it
     without caching (a weight being trained). No autograd."""
     prepacked = isinstance(weight, PackedWeight)
-    if not (x2d.is_cpu and (prepacked or weight.is_cpu)):
-        raise ValueError("the aligned-native kernels run on the CPU only (got a tensor on another device)")
+    require_cpu(x2d, None if prepacked else weight)
     m, k = x2d.shape
     if not isinstance(pieces, int) or pieces < 1 or k % pieces:
         raise ValueError(f"pieces must be a positive divisor of the input dim {k}, got {pieces!r}")

@@ -20,7 +20,8 @@ What.
 
 Inputs are fp32 or bf16; the C reads rows through two strides (a q/k head view of a fused qkv is
 read in place; a view whose leading dims cannot be merged is copied first). Other dtypes keep the
-aligned ops. The backward is the aligned ops' gradient (``_autograd.py``). CPU only.
+aligned ops. The backward is the aligned ops' gradient (``_autograd.py``). CPU only: a tensor on
+another device raises ValueError (``_device.py``; rope too, though its bits would match).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..aligned import dense as aligned_dense
 from ..aligned.gemm import cached_from_weights
 from . import _build
 from ._autograd import native_with_reference_backward
+from ._device import require_cpu
 
 _C_DTYPES = (torch.float32, torch.bfloat16)
 #: positions a rope table covers (2 MiB of fp32 cos/sin at head dim 64); a call reaching further
@@ -40,8 +42,8 @@ _C_DTYPES = (torch.float32, torch.bfloat16)
 ROPE_TABLE_POSITIONS = 8192
 
 
-def _native(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype in _C_DTYPES and t.is_cpu for t in tensors)
+def _c_dtypes(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype in _C_DTYPES for t in tensors)
 
 
 def _row_view(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int, int]:
@@ -98,8 +100,11 @@ def _norm(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`` by the pointwise.c rule."""
-    if not _native(x, weight) or x.dim() == 0 or weight.shape != x.shape[-1:] or x.numel() == 0:
-        return aligned_dense.rms_norm(x, weight, eps)  # checks and raises, another dtype, or empty
+    if not _c_dtypes(x, weight) or x.dim() == 0 or weight.shape != x.shape[-1:]:
+        return aligned_dense.rms_norm(x, weight, eps)  # another dtype, or the op's own error
+    require_cpu(x, weight)
+    if x.numel() == 0:
+        return aligned_dense.rms_norm(x, weight, eps)
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
     return native_with_reference_backward(
         lambda: _norm(x, weight, eps, x.shape[-1], x.dtype, out_dtype),
@@ -114,7 +119,10 @@ def gated_rms_norm(
 ) -> torch.Tensor:
     """The aligned ``silu(gate_f32) * x``, then the pointwise.c rule over each group of a row."""
     aligned_dense.check_gated_rms_norm(x, gate, weight, group_size)
-    if not _native(x, gate, weight) or x.numel() == 0:
+    if not _c_dtypes(x, gate, weight):
+        return aligned_dense.gated_rms_norm(x, gate, weight, eps, group_size)
+    require_cpu(x, gate, weight)
+    if x.numel() == 0:
         return aligned_dense.gated_rms_norm(x, gate, weight, eps, group_size)
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
 
@@ -189,14 +197,14 @@ def rope(
         return aligned_dense.rope(x_, positions, inv_freq, interleaved)
 
     if (
-        not _native(x)
-        or not positions.is_cpu
+        not _c_dtypes(x)
         or positions.dtype.is_floating_point
         or positions.dtype.is_complex
         or inv_freq.dtype != torch.float32
-        or not inv_freq.is_cpu
-        or (torch.is_grad_enabled() and inv_freq.requires_grad)  # its gradient flows through the aligned op
     ):
+        return reference(x)
+    require_cpu(x, positions, inv_freq)
+    if torch.is_grad_enabled() and inv_freq.requires_grad:  # its gradient flows through the aligned op
         return reference(x)
     with torch.no_grad():
         out = _rope_forward(x, positions, inv_freq, interleaved)

@@ -21,12 +21,11 @@ import torch
 from ..aligned import ssm as aligned_ssm
 from . import _build
 from ._autograd import native_with_reference_backward
+from ._device import require_cpu
 
 
 def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit) -> tuple[torch.Tensor, torch.Tensor]:
-    tensors = [t for t in (x, dt, A, B, C, D, dt_bias, ssm_state) if t is not None]
-    if any(t.device.type != "cpu" for t in tensors):
-        raise ValueError("the aligned-native kernels run on the CPU only (scan inputs must be CPU tensors)")
+    require_cpu(x, dt, A, B, C, D, dt_bias, ssm_state, cu)  # cu too: the C reads its offsets
     total, heads, head_dim = x.shape
     groups, n_state = B.shape[1], B.shape[2]
     num_seqs = cu.numel() - 1
