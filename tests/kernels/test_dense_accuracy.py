@@ -261,9 +261,10 @@ def test_processed_logprobs_with_greedy_rows_are_differentiable():
 
 
 def test_processed_reused_parameter_tensors_are_never_served_stale():
-    """processed_log_softmax keeps what it derived from the last parameter tensors (a decode loop
-    passes the same ones every step). Changing them in place, or passing equal-valued new ones,
-    must give exactly what a fresh computation gives, and a bad in-place value must still raise."""
+    """processed_log_softmax keeps what it derived from the last parameter values (a decode loop
+    passes the same ones every step). Any change to them -- in place, through ``.data`` (no version
+    bump), new tensors -- must give exactly what a fresh computation gives, a bad value must still
+    raise, and a plan built under inference mode must not reach autograd."""
     from zeromismatch.kernels.aligned import dense
 
     logits = _randn((4, 60), seed=7, scale=2.0)
@@ -279,21 +280,28 @@ def test_processed_reused_parameter_tensors_are_never_served_stale():
     first = ALIGNED.processed_log_softmax(logits, t, k, p)
     assert torch.equal(first, fresh())
     assert torch.equal(ALIGNED.processed_log_softmax(logits, t, k, p), first)  # served from the plan
-    for tensor, index, value in ((t, 1, 0.7), (k, 0, 3), (p, 0, 0.5), (t, 2, 0.0)):
-        tensor[index] = value  # in place: bumps the version
+    edits = [
+        lambda: t.__setitem__(1, 0.7),  # in place: bumps the version
+        lambda: k.__setitem__(0, 3),
+        lambda: p.__setitem__(0, 0.5),
+        lambda: t.data.fill_(0.0),  # through .data: no version bump
+        lambda: setattr(k, "data", torch.tensor([2, 0, 1, 7])),
+        lambda: p.data.copy_(torch.tensor([0.9, 1.0, 0.3, 1.0])),
+    ]
+    for edit in edits:
+        ALIGNED.processed_log_softmax(logits, t, k, p)
+        edit()
         assert torch.equal(ALIGNED.processed_log_softmax(logits, t, k, p), fresh())
     # the same parameters with other logits
     other = _randn((4, 60), seed=8)
     ALIGNED.processed_log_softmax(logits, t, k, p)
     assert torch.equal(ALIGNED.processed_log_softmax(other, t, k, p), fresh(other))
-    with torch.inference_mode():  # no version counter: never kept, always computed afresh
-        ti, ki, pi = t.clone(), k.clone(), p.clone()
-        ALIGNED.processed_log_softmax(logits, ti, ki, pi)
-        ti[1] = 0.3
-        served = ALIGNED.processed_log_softmax(logits, ti, ki, pi)
-    t[1] = 0.3
-    assert torch.equal(served, fresh())
-    t[0] = -1.0
+    # a plan built under inference mode, then a call that needs a gradient
+    with torch.inference_mode():
+        ALIGNED.processed_log_softmax(logits, t, k, p)
+    trained = logits.clone().requires_grad_(True)
+    ALIGNED.processed_log_softmax(trained, t, k, p)[:, 0].sum().backward()
+    assert trained.grad is not None
+    t.data[0] = -1.0  # no version bump, still refused
     with pytest.raises(ValueError, match="temperature"):
         ALIGNED.processed_log_softmax(logits, t, k, p)
-

@@ -269,6 +269,13 @@ def test_edge_inputs_behave_like_the_aligned_set():
     assert torch.equal(last, full[3:])
     with pytest.raises(ValueError, match="CPU only"):
         NATIVE.attention(q, k, v.to("meta"), cu, cu, 1.0)
+    # the index tensors too: the block table is read by the C kernel itself
+    table, cu1, kv4 = torch.tensor([[0]]), _cu([1]), torch.tensor([4])
+    for args in ((table.to("meta"), cu1, kv4), (table, cu1.to("meta"), kv4), (table, cu1, kv4.to("meta"))):
+        with pytest.raises(ValueError, match="CPU only"):
+            NATIVE.paged_attention(q[3:], kc, vc, *args, 1.0)
+    with pytest.raises(ValueError, match="CPU only"):
+        NATIVE.attention(q, k, v, cu.to("meta"), cu, 1.0)
     with pytest.raises(ValueError, match="kv_lens must be >= 0"):
         NATIVE.paged_attention(q[:0], kc, vc, torch.tensor([[0]]), _cu([0]), torch.tensor([-3]), 1.0)
 

@@ -6,6 +6,8 @@ op's. The default set breaking row invariance is shown in test_dense_invariance.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -369,6 +371,17 @@ def test_edge_inputs():
         NATIVE.row_parallel_linear(torch.randn(2, 18), torch.randn(4, 18))
     with pytest.raises(ValueError, match="CPU only"):
         NATIVE.lm_head(torch.empty(2, 16, device="meta"), torch.empty(10, 16, device="meta"))
+    # a quantized weight, or a packed one, off the CPU: gemm.c would read its panels
+    from zeromismatch.kernels.native import gemm
+    from zeromismatch.kernels.quant import quantize_fp8
+
+    qweight = quantize_fp8(_rand(gen, 8, 32))
+    on_meta = dataclasses.replace(qweight, data=qweight.data.to("meta"), scales=qweight.scales.to("meta"))
+    with pytest.raises(ValueError, match="CPU only"):
+        NATIVE.quant_linear(torch.randn(2, 32), on_meta)
+    packed = gemm.PackedWeight(gemm._packed(w, torch.float32).to("meta"), 10, 16, torch.float32)
+    with pytest.raises(ValueError, match="CPU only"):
+        gemm.panel_gemm(torch.randn(2, 16), packed)
     nan_row = torch.randn(2, 16)
     nan_row[1, 3] = float("nan")
     out = NATIVE.lm_head(nan_row, w)

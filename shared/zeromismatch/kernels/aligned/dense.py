@@ -364,27 +364,30 @@ class _SamplingPlan(NamedTuple):
     top_p: torch.Tensor
 
 
-#: the last (temperature, top_k, top_p) with their versions, row count, vocab and device -> plan. A
-#: decode loop passes the same parameter tensors every step (engine.Sampler reuses them), and
-#: checking and classifying them took ~75 of the ~90 us of a [32, 512] call; the tensors are held,
-#: so an id cannot be reused, and ``_version`` sees in-place changes.
-_LAST_PLAN: list = [None]  # [(key, temperature, top_k, top_p, plan)], replaced whole
+#: the last parameter tensors' dtypes, devices and *values* (private copies), with the logits' shape
+#: and device and the inference mode -> plan. A decode loop passes the same parameters every step,
+#: and checking and classifying them took ~75 of the ~90 us of a [32, 512] call. Comparing values
+#: (three ``torch.equal`` on a few elements) rather than tensor identity and version also sees
+#: writes that bump no version (``t.data = ...``, ``t.data.fill_``, a numpy array behind
+#: ``from_numpy``); the inference mode is in the key because a plan built under it holds inference
+#: tensors, which autograd may not save (``aligned/attention.py``'s plan cache does the same).
+_LAST_PLAN: list = [None]  # [(key, parameter snapshots, plan)], replaced whole
 
 
 def _sampling_plan(logits: torch.Tensor, temperature, top_k, top_p) -> _SamplingPlan:
-    key = None
     params = (temperature, top_k, top_p)
-    if all(isinstance(t, torch.Tensor) for t in params):
-        # inference tensors keep no version counter, so an in-place change could not be seen
-        if not any(t.requires_grad or t.is_inference() for t in params):
-            key = (
-                logits.shape,
-                logits.device,
-                *((id(t), t._version) for t in params),
-            )
-    held = _LAST_PLAN[0]
-    if key is not None and held is not None and held[0] == key:
-        return held[4]
+    key = None
+    if all(isinstance(t, torch.Tensor) and not t.requires_grad for t in params):
+        key = (
+            logits.shape,
+            logits.device,
+            torch.is_inference_mode_enabled(),
+            *((t.dtype, t.device, t.shape) for t in params),
+        )
+        held = _LAST_PLAN[0]
+        # (a nan parameter never equals itself, so it is re-checked and refused every call)
+        if held is not None and held[0] == key and all(map(torch.equal, held[1], params)):
+            return held[2]
     _check_sampling(logits, temperature, top_k, top_p)
     vocab = logits.shape[1]
     temp = temperature.to(torch.float32)
@@ -402,7 +405,7 @@ def _sampling_plan(logits: torch.Tensor, temperature, top_k, top_p) -> _Sampling
         top_p=p,
     )
     if key is not None:
-        _LAST_PLAN[0] = (key, temperature, top_k, top_p, plan)
+        _LAST_PLAN[0] = (key, tuple(t.detach().clone() for t in params), plan)
     return plan
 
 

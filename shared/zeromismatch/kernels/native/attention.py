@@ -118,6 +118,7 @@ def attention(
 ) -> torch.Tensor:
     """Causal varlen attention over packed K/V (bottom-right aligned); see module docstring."""
     check_packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
+    require_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k)
     hkv = k.shape[1]
 
     def build():
@@ -152,6 +153,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention over a paged KV cache, read in place; bitwise equal to :func:`attention`."""
     check_paged_inputs(q, k_cache, v_cache, block_table, cu_seqlens_q, kv_lens, scale)
+    # the block table too: the kernel reads it from memory
+    require_cpu(q, k_cache, v_cache, block_table, cu_seqlens_q, kv_lens)
     hkv, cache_block = k_cache.shape[2], k_cache.shape[1]
 
     def build():

@@ -120,7 +120,7 @@ def panel_gemm(
     fixed tree, bit for bit. ``weight`` may come packed (``PackedWeight``); ``cache=False`` packs it
     without caching (a weight being trained). No autograd."""
     prepacked = isinstance(weight, PackedWeight)
-    require_cpu(x2d, None if prepacked else weight)
+    require_cpu(x2d, weight.panels if prepacked else weight)
     m, k = x2d.shape
     if not isinstance(pieces, int) or pieces < 1 or k % pieces:
         raise ValueError(f"pieces must be a positive divisor of the input dim {k}, got {pieces!r}")
@@ -243,9 +243,11 @@ def quant_linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor |
     if not isinstance(qweight, QuantizedWeight):
         raise TypeError(f"qweight must be a QuantizedWeight, got {type(qweight).__name__}")
     n, k = qweight.shape
+    if x.dtype in _NATIVE_DTYPES:  # (other dtypes take the aligned op, as on the CPU)
+        # the quantized tensors too: their panels are packed where they live and read by gemm.c
+        require_cpu(x, qweight.data, qweight.scales, qweight.global_scale, bias)
     if (
         x.dtype in _NATIVE_DTYPES
-        and x.is_cpu
         and x.dim() >= 1
         and x.shape[-1] == k
         and k > 0
