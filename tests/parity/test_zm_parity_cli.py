@@ -33,8 +33,29 @@ def test_zm_parity_rejects_bad_tp_and_prompt_count_before_spawning(capsys, monke
         (["--trainer-tp", "3"], "--trainer-tp 3 must divide"),
         (["--trainer-tp", "0"], "--trainer-tp must be >= 1"),
         (["--num-prompts", "0"], "--num-prompts must be >= 1"),
+        # quantized weights are not sharded: refused before any rollout, for either side
+        (["--quant", "fp8", "--tp", "2"], "--quant fp8 runs at TP 1 only"),
+        (["--quant", "nvfp4", "--trainer-tp", "2"], "--quant nvfp4 runs at TP 1 only"),
     ]
     for extra, message in cases:
         rc = main(["parity", "--model", "tiny-qwen3", "--max-tokens", "2", *extra])
         captured = capsys.readouterr()
         assert rc == 2 and message in captured.err, (extra, captured.err)
+
+
+def test_zm_parity_prefill_chunk_none_means_no_per_request_limit(capsys):
+    rc = main(["parity", "--model", "tiny-qwen3", "--num-prompts", "2", "--max-tokens", "2",
+               "--prefill-chunk", "none", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert rc == 0 and result["prefill_chunk"] is None and result["identical"]
+    with pytest.raises(SystemExit):  # argparse: exit 2 with one message
+        main(["parity", "--model", "tiny-qwen3", "--prefill-chunk", "0"])
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_tensor_parallel_llm_refuses_quantization_before_spawning(monkeypatch):
+    import zeromismatch.engine.tp as engine_tp
+
+    monkeypatch.setattr(engine_tp.mp, "get_context", lambda *a: pytest.fail("spawned workers"))
+    with pytest.raises(ValueError, match="cannot quantize"):
+        engine_tp.TensorParallelLLM("tiny-qwen3", "aligned", tp=2, quant="fp8")

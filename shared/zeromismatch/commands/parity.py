@@ -18,6 +18,8 @@ import sys
 
 import torch
 
+from ..argtypes import int_at_least_or_none
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -120,6 +122,12 @@ def run_parity(
 
     check_tp_degree(config, tp, "--tp")
     check_tp_degree(config, trainer_tp, "--trainer-tp")
+    if quant != "none" and (tp > 1 or trainer_tp > 1):
+        # refused here, before the rollout runs: each TP worker would fail on its own otherwise
+        raise ValueError(
+            f"--quant {quant} runs at TP 1 only (quantize_model does not shard quantized weights); "
+            f"got --tp {tp} --trainer-tp {trainer_tp}"
+        )
     torch_dtype = DTYPES[dtype]
     from ..models.memory import check_weights_fit
 
@@ -190,7 +198,12 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--tp", type=int, default=1, help="engine tensor-parallel degree")
     p.add_argument("--trainer-tp", type=int, default=1, help="trainer tensor-parallel degree")
-    p.add_argument("--prefill-chunk", type=int, default=8, help="max prompt tokens per request per step")
+    p.add_argument(
+        "--prefill-chunk",
+        type=int_at_least_or_none(1),
+        default=8,
+        help="max prompt tokens per request per step; none = no per-request limit",
+    )
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--max-num-batched-tokens", type=int, default=32)
     p.add_argument("--quant", choices=["none", "fp8", "nvfp4"], default="none")

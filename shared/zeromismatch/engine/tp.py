@@ -125,6 +125,8 @@ class TensorParallelLLM:
             raise TypeError("LLM(tp>1) needs a model preset name (each worker builds its own shard)")
         if not isinstance(kernels, str):
             raise TypeError("LLM(tp>1) needs the kernel set by name")
+        if kwargs.get("quant") not in (None, "none"):  # one error here, not one per worker
+            raise ValueError("LLM(tp>1) cannot quantize: quantize_model does not shard quantized weights")
         ctx = mp.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         threads = _threads_per_worker(tp)
