@@ -106,6 +106,12 @@ static void attend_row(const float *qv, const void *k_rows, const void *v_rows, 
  * logic taken out of the key loops (the generic loops spilled them to the stack every key: about
  * a third of a decode step's attention time). bf16 widens exactly, as bf16_to_f32 does. */
 typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
+/* keys between a K row's prefetch and its use. Inside an engine step this layer's K/V has usually
+ * left the cache (the step's other layers and the rest of the step evict it), and a paged
+ * sequence's rows sit in blocks scattered over the cache, where the hardware prefetcher loses the
+ * stride at each block edge. Measured in-engine (tiny-qwen3 decode, interleaved A/B runs):
+ * 245 us per call without, 222 at 8, 223 at 16. No bits change: prefetches only move data. */
+#define ZM_AHEAD 8
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 static inline __attribute__((always_inline)) v16 load16(const char *row, int bf16, int64_t d) {
@@ -125,8 +131,19 @@ static inline __attribute__((always_inline)) void attend_row_whole(
     float scale, float *scores, float *o) {
     const int64_t k_size = k_bf16 ? 2 : 4, v_size = v_bf16 ? 2 : 4;
     float m = -INFINITY;
+    for (int64_t j = 0; j < ZM_AHEAD && j <= pos; j++) {
+        const char *row = kb + (keys[j] * k_stride + k_off) * k_size;
+        for (int64_t b = 0; b < dqk * k_size; b += 64) __builtin_prefetch(row + b);
+    }
     for (int64_t j = 0; j <= pos; j++) {
         const char *row = kb + (keys[j] * k_stride + k_off) * k_size;
+        if (j + ZM_AHEAD <= pos) {
+            const char *ahead = kb + (keys[j + ZM_AHEAD] * k_stride + k_off) * k_size;
+            for (int64_t b = 0; b < dqk * k_size; b += 64) __builtin_prefetch(ahead + b);
+        }
+        /* this key's V row, read by the P @ V loop below */
+        const char *v_row = vb + (keys[j] * v_stride + v_off) * v_size;
+        for (int64_t b = 0; b < dv * v_size; b += 64) __builtin_prefetch(v_row + b);
         v16 acc = {0};
         for (int64_t d = 0; d < dqk; d += LANES) {
             v16 q16;
