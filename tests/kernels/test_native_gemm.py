@@ -148,6 +148,29 @@ def test_autograd_forward_gives_the_inference_bits():
             assert torch.equal(a, b.detach())
 
 
+def test_engine_call_gives_the_general_paths_bits(monkeypatch):
+    """linear and row_parallel_linear take a shorter route for the engine's call (no autograd, 2-D
+    rows in place, cached weight): it must give the general route's bits, and must be taken."""
+    from zeromismatch.kernels.native import gemm
+
+    taken = []
+    engine_call = gemm._engine_call
+    monkeypatch.setattr(gemm, "_engine_call", lambda *a, **k: taken.append(engine_call(*a, **k)) or taken[-1])
+    gen = torch.Generator().manual_seed(12)
+    for dtype in DTYPES.values():
+        for m in (1, 7, 13):
+            x, w = _rand(gen, m, 64, dtype=dtype), _rand(gen, 40, 64, dtype=dtype, scale=0.2)
+            with torch.no_grad():
+                fast = (NATIVE.linear(x, w), NATIVE.row_parallel_linear(x, w))
+            general = (  # autograd takes the general route (same forward bits)
+                NATIVE.linear(x.clone().requires_grad_(), w).detach(),
+                NATIVE.row_parallel_linear(x.clone().requires_grad_(), w).detach(),
+            )
+            assert all(torch.equal(a, b) for a, b in zip(fast, general)), (dtype, m)
+    # the 12 no-grad calls took it; the 12 autograd calls were sent on to the general route
+    assert sum(out is not None for out in taken) == 12 and sum(out is None for out in taken) == 12
+
+
 def test_weights_being_trained_are_not_cached_and_updates_are_seen():
     from zeromismatch.kernels.aligned import gemm as aligned_gemm
 

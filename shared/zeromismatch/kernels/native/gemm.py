@@ -153,13 +153,19 @@ def panel_gemm(
     if reduce and (pieces > MAX_TREE_PIECES or round_to not in (None, torch.float32, torch.bfloat16)):
         partials = panel_gemm(x2d, weight, pieces, round_to, cache=cache)
         return collectives.tree_sum_fp32_(list(partials.unbind(0)))
-    out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32)
-    if m == 0 or n == 0:
-        return out
-    if k == 0:
-        return out.zero_()
+    if m == 0 or n == 0 or k == 0:
+        out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32)
+        return out if k else out.zero_()
     packed = weight.panels if prepacked else _packed(weight, dtype, cache)
-    is_bf16 = dtype == torch.bfloat16
+    out = _call(x2d, packed, k, dtype == torch.bfloat16, m, n, pieces, round_to == torch.bfloat16, reduce)
+    if round_to is not None and round_to not in (torch.float32, torch.bfloat16):
+        out = out.to(round_to).float()
+    return out
+
+
+def _call(x2d, packed, k, is_bf16, m, n, pieces, round_bf16, reduce) -> torch.Tensor:
+    """gemm.c on checked inputs (x2d rows contiguous, in the rule's dtype; m, n, k >= 1)."""
+    out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32)
     status = _build.library().zm_panel_gemm(
         x2d.data_ptr(),
         x2d.stride(0),
@@ -170,16 +176,40 @@ def panel_gemm(
         m,
         n,
         pieces,
-        int(round_to == torch.bfloat16),
+        int(round_bf16),
         int(reduce),
         out.data_ptr(),
         torch.get_num_threads(),
     )
-    if status != 0:  # unreachable after the checks above; never return an unwritten buffer
+    if status != 0:  # unreachable after the callers' checks; never return an unwritten buffer
         raise RuntimeError(f"zm_panel_gemm refused pieces={pieces} for input dim {k}")
-    if round_to is not None and round_to not in (torch.float32, torch.bfloat16):
-        out = out.to(round_to).float()
     return out
+
+
+def _engine_call(x2d: torch.Tensor, weight: torch.Tensor, pieces: int, round_partials: bool):
+    """``panel_gemm(x2d, weight, pieces, reduce=True, round_to=x2d.dtype if round_partials else
+    None)`` for the call an engine step makes -- no autograd; 2-D rows read in place; fp32, or bf16
+    with an even piece length; CPU; a weight the packed-weight cache holds -- with the checks in the
+    order that is cheapest; None for anything else, which then takes the general path (and raises
+    there for bad input). At one row the general path's checks cost as much as the GEMM itself
+    (issue 3's M=1 rows: ~14 us against ~9 for the default's MKL call)."""
+    dtype = x2d.dtype
+    if dtype is not weight.dtype or not (dtype is torch.float32 or dtype is torch.bfloat16):
+        return None
+    if (x2d.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
+        return None
+    m, k = x2d.shape
+    if m == 0 or k == 0 or weight.dim() != 2 or weight.shape[1] != k or weight.shape[0] == 0:
+        return None
+    if k % pieces or pieces > MAX_TREE_PIECES or (dtype is torch.bfloat16 and (k // pieces) % 2):
+        return None
+    if not (x2d.is_cpu and weight.is_cpu) or x2d.is_neg() or x2d.stride(-1) != 1 or x2d.stride(0) < k:
+        return None  # (is_conj needs a complex dtype, excluded above)
+    packed = cached_from_weights((weight,), ("native-panels", dtype), lambda: _pack(weight.detach()))
+    if packed is None:
+        return None
+    is_bf16 = dtype is torch.bfloat16
+    return _call(x2d, packed, k, is_bf16, m, weight.shape[0], pieces, round_partials and is_bf16, True)
 
 
 class _NativeMatmul(torch.autograd.Function):
@@ -221,6 +251,10 @@ def _product(x2d: torch.Tensor, weight: torch.Tensor, **panel_args) -> torch.Ten
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` semantics (weight ``[out, in]``, any leading dims) by the gemm.c rule, the result
     rounded to x's dtype once, then the bias added (as the aligned linear does)."""
+    if bias is None and x.dim() == 2:
+        out = _engine_call(x, weight, 1, round_partials=False)
+        if out is not None:
+            return out if x.dtype is torch.float32 else out.to(x.dtype)
     if x.dtype not in _NATIVE_DTYPES or weight.dtype not in _NATIVE_DTYPES:
         return aligned_dense.linear(x, weight, bias)
     aligned_dense._check_linear(x, weight, bias)
@@ -310,6 +344,10 @@ def row_parallel_linear(
     if group is None:
         # TP 1: the partials and their tree in one call (the same bits as gathering them)
         collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)
+        out = _engine_call(x2d, weight_local, virtual_shards, round_partials=True) if bias is None else None
+        if out is not None:
+            out = out if x_local.dtype is torch.float32 else out.to(x_local.dtype)
+            return out.reshape(*x_local.shape[:-1], weight_local.shape[0]) if flat else out
         out = _product(x2d, weight_local, pieces=virtual_shards, round_to=x2d.dtype)
     else:
         out = collectives.virtual_shard_reduce(x2d, weight_local, group, virtual_shards, _native_pieces)
