@@ -138,16 +138,17 @@ def test_summary_operands_and_exact_rule(results):
 
 def test_benchmark_claims(results):
     claim = "S1-dsv4-rollout-throughput-91.3pct"
+    bench = "rollout_tiny-deepseek-v3"  # the experiment's DeepSeek stand-in, not tiny-qwen3's rollout.json
     assert _verdicts(results, EXP)[claim].verdict == NOT_RUN
     write_benchmark(
-        results, "rollout", {"ratio_aligned_over_default": 0.42, "provenance": {"git_commit": "abc"}}
+        results, bench, {"ratio_aligned_over_default": 0.42, "provenance": {"git_commit": "abc"}}
     )
     slow = _verdicts(results, EXP)[claim]
     assert slow.verdict == NOT_REPRODUCED and slow.speed_ratio == 0.42
-    assert slow.run == "reproduced/benchmarks/rollout.json" and slow.provenance["git_commit"] == "abc"
-    write_benchmark(results, "rollout", {"ratio_aligned_over_default": 0.95})
+    assert slow.run == f"reproduced/benchmarks/{bench}.json" and slow.provenance["git_commit"] == "abc"
+    write_benchmark(results, bench, {"ratio_aligned_over_default": 0.95})
     assert _verdicts(results, EXP)[claim].verdict == REPRODUCED_DIRECTION
-    write_benchmark(results, "rollout", {"ratios": {"ratio_aligned_over_default": 0.95}})
+    write_benchmark(results, bench, {"ratios": {"ratio_aligned_over_default": 0.95}})
     missing = _verdicts(results, EXP)[claim]  # a nested key is not the key the claim names
     assert missing.verdict == NOT_RUN and "ratio_aligned_over_default" in missing.reason
 

@@ -190,7 +190,12 @@ COMMANDS = {
     "async.json": f"python benchmarks/async.py {_OUT}/async.json",
     "vllm_peer.json": "make vllm-peer",
 }
-HEADING = "## Benchmarks (ratios measured side by side in one run on this machine)"
+HEADING = "## Benchmarks (each file's ratios measured side by side in one run on this machine)"
+SEPARATE_RUNS = (
+    "The files below come from separate runs (commit and thread count per file; the optional vLLM peer "
+    "runs in its own environment): compare ratios within a file, not absolute tokens/s across files, "
+    "which move by tens of percent between runs on this shared machine."
+)
 
 
 def benchmark_lines(results_root: Path) -> list[str]:
@@ -210,7 +215,7 @@ def benchmark_lines(results_root: Path) -> list[str]:
     if absent:
         lines.append("")
         lines += [f"- not run: `reproduced/benchmarks/{name}` (run: `{COMMANDS[name]}`)" for name in absent]
-    return ["", HEADING, *lines]
+    return ["", HEADING, "", SEPARATE_RUNS, *lines]
 
 
 #: the other tiny presets' rollout benchmarks (``rollout.json`` is tiny-qwen3's)
