@@ -108,3 +108,17 @@ def test_recompute_accepts_error_outputs_of_empty_prompts():
     assert [o.finish_reason for o in outputs] == ["length", "error", "error"]
     recomputed = recompute_outputs(model, outputs, kernels=ToyKernels())
     assert [len(r) for r in recomputed] == [3, 0, 0]
+
+
+def test_engines_sharing_a_model_object_fail_loudly_not_on_the_wrong_kernels():
+    """LLM(model_object, kernels) sets the object's kernel set; a second engine given the same object
+    switches it. The first engine must then refuse to step rather than run its forward on the
+    second engine's kernels (its sampler and its trainer would still use its own)."""
+    from zeromismatch.engine.llm import build_preset
+
+    model = build_preset("tiny-qwen3", "aligned", torch.float32, 0)
+    first = LLM(model, "aligned", max_num_seqs=2, block_size=4)
+    LLM(model, "default", max_num_seqs=2, block_size=4)
+    with pytest.warns(RuntimeWarning, match="must not share a model object"):
+        out = first.generate([[1, 2, 3]], SamplingParams(max_tokens=2, seed=1))[0]
+    assert out.finish_reason == "error"

@@ -74,3 +74,17 @@ def test_eviction_reuses_cached_blocks_and_drops_their_hash():
     assert manager.allocate(big, 12)  # needs all 3 blocks: evicts the cached ones
     assert not manager.block_of_hash
     assert manager.match_prefix(_request(range(8), 2), version=0) == 0
+
+
+def test_block_hash_fields_cannot_run_into_each_other():
+    """The tag, the parent hash and the tokens are length-prefixed: joined bare, version "v1" with a
+    first block [12, 5, 6, 7] and "v11" with [2, 5, 6, 7] hashed the same bytes."""
+    from zeromismatch.engine.kv_cache import block_hash
+
+    assert block_hash(b"", [12, 5, 6, 7], "v1") != block_hash(b"", [2, 5, 6, 7], "v11")
+    assert block_hash(b"", [1, 23], "v0") != block_hash(b"", [12, 3], "v0")
+    assert block_hash(b"\x01", [2], "v1") != block_hash(b"", [2], "v1\x01")
+    manager = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    _compute_all(manager, _request([12, 5, 6, 7, 8]), version=1)
+    assert manager.match_prefix(_request([2, 5, 6, 7, 8], 1), version=11) == 0
+    assert manager.stale_hits == 0

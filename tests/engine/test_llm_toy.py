@@ -268,3 +268,18 @@ def test_trainer_logprobs_are_differentiable():
     )
     torch.cat(logprobs).sum().backward()
     assert model.params["lm_head"].grad is not None and model.params["wq"].grad.abs().sum() > 0
+
+
+def test_prefix_cache_never_serves_another_versions_block_with_a_colliding_tag():
+    """Regression (found by review): an engine past ten weight updates served a block cached under
+    version 1 to a version-11 request whose first block differed in its first token."""
+    model = ToyModel()
+    llm = _engine(model, enable_prefix_caching=True, max_num_seqs=2)
+    weights = model.state_dict_hf()
+    llm.update_weights(weights)  # version 1
+    llm.generate([[12, 5, 6, 7, 8]], PARAMS)  # registers the block [12, 5, 6, 7] under v1
+    for _ in range(10):
+        llm.update_weights(weights)
+    assert llm.weight_version == 11
+    out = llm.generate([[2, 5, 6, 7, 8]], PARAMS)[0]
+    assert out.num_cached_tokens == 0 and llm.block_manager.stale_hits == 0

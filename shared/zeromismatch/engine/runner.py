@@ -109,6 +109,15 @@ class ModelRunner:
         Returns ``[(chunk, token_id, logprob)]`` for the sampling chunks, in chunk order."""
         if not chunks:
             return []
+        model_kernels = getattr(self.model, "kernels", self.kernels)
+        if model_kernels is not self.kernels and getattr(model_kernels, "name", None) != self.kernels.name:
+            # LLM(model_object, ...) sets the object's kernel set; another engine (or caller) given the
+            # same object has since switched it, which would silently run this engine's forward on
+            # other kernels than its sampler and the trainer it is compared with
+            raise RuntimeError(
+                f"the model's kernel set was changed to {model_kernels.name!r} after this engine set "
+                f"it to {self.kernels.name!r}: engines must not share a model object (pass a copy)"
+            )
         batch = self.build_batch(chunks)
         hidden = self.model.forward(batch, self.cache)
         sampling = [i for i, c in enumerate(chunks) if c.samples]
