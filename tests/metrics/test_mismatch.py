@@ -116,6 +116,8 @@ def test_clip_fraction():
     ratio = torch.tensor([0.7, 0.9, 1.0, 1.1, 1.3, 1.25], dtype=F64)
     assert clip_fraction(ratio, 0.2) == 3 / 6
     assert clip_fraction(torch.tensor([0.75, 1.25], dtype=F64), 0.25) == 0.0  # band edges are inside
+    # in the ratio's dtype: fp32(1.2) and fp32(0.8) are the fp32 band's edges (as torch.clamp has them)
+    assert clip_fraction(torch.tensor([0.8, 0.79, 1.2, 1.21, 1.0]), 0.2) == 2 / 5
     assert clip_fraction(torch.tensor([0.7, 1.0, 1.3], dtype=F64), 0.2, 0.28) == 2 / 3
     assert clip_fraction(torch.tensor([0.7, 1.0, 1.3], dtype=F64), 0.2, 0.35) == 1 / 3
     with pytest.raises(ValueError, match="epsilons"):

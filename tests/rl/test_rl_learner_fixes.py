@@ -51,3 +51,29 @@ def test_unsupported_tokens_at_lag_keep_every_response_in_the_batch():
     assert stats["loss_responses"] == len(episodes)
     assert stats["tokens"] == sum(sum(ep.model_mask) for ep in episodes)
     assert stats["diff_max"] == 0.0  # the kernel term is still exactly zero on the aligned stack
+
+
+def test_summary_maxima_show_a_nan_step_wherever_it_falls():
+    """Python's max keeps a nan only when it comes first: a blown-up pre-clip gradient norm at a
+    later step vanished from grad_norm_preclip_max (found by review)."""
+    import math
+
+    from zeromismatch.rl.loop import summarize
+
+    def record(grad_norm, diff):
+        return {
+            "diff_max": diff, "diff_mean": diff, "diff_std": diff, "k3_kl": diff,
+            "peak_over_median": 1.0, "grad_norm_preclip": grad_norm, "reward_mean": 0.5,
+            "time_rollout_s": 0.1, "time_learner_s": 0.1,
+        }  # fmt: skip
+
+    evals = {"eval_pass_at_1": 0.0}
+    for order in ([0.5, math.nan, 0.3], [math.nan, 0.5, 0.3], [0.3, 0.5, math.nan]):
+        summary = summarize([record(g, 0.0) for g in order], "sha", evals, evals, [])
+        assert math.isnan(summary["grad_norm_preclip_max"]), order
+    clean = summarize([record(g, 0.0) for g in (0.5, 0.7)], "sha", evals, evals, [])
+    assert clean["grad_norm_preclip_max"] == 0.7 and clean["diff_max_max_over_steps"] == 0.0
+    assert math.isnan(summarize([record(0.5, 0.0), record(0.5, math.nan)], "sha", evals, evals, [])[
+        "diff_max_max_over_steps"
+    ])
+    assert summarize([], "sha", evals, evals, [])["grad_norm_preclip_max"] is None

@@ -166,10 +166,14 @@ def clip_fraction(ratio, eps_low: float, eps_high: float | None = None, mask=Non
     if not ratio.is_floating_point():
         raise TypeError(f"ratio must be a floating-point tensor, got dtype {ratio.dtype}")
     mask = _check_mask(mask, ratio.shape)
-    selected = (ratio[mask] if mask is not None else ratio.reshape(-1)).to(torch.float64)
+    selected = ratio[mask] if mask is not None else ratio.reshape(-1)
     if selected.numel() == 0:
         raise ValueError("no tokens to measure (ratio is empty or the mask selects nothing)")
-    outside = (selected < 1.0 - eps_low) | (selected > 1.0 + eps_high)
+    # the band's edges in the ratio's own dtype, as the clipped losses' torch.clamp rounds them: an
+    # fp32 ratio of exactly fp32(1.2) is on the edge, inside, not 4.8e-8 above a float64 1.2
+    low = torch.tensor(1.0 - eps_low, dtype=selected.dtype)
+    high = torch.tensor(1.0 + eps_high, dtype=selected.dtype)
+    outside = (selected < low) | (selected > high)
     return float(outside.to(torch.float64).mean())
 
 

@@ -19,6 +19,7 @@ Launch: ``zm train --env arithmetic --model tiny-qwen3 --algo reinforce_zero --l
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -104,8 +105,10 @@ def task_seeds_for_batch(config: RLConfig, batch_index: int) -> list[int]:
     """Train-split task seeds of RL batch ``batch_index``: past the ``sft_steps * sft_batch`` seeds the warm
     start used. Different seeds can draw the same task, so this does NOT keep demonstrated prompts out of
     RL: where an env has few distinct train tasks most RL prompts were demonstrated (measured in session 7:
-    arithmetic 90%, pipelinerl 100%, desktop 68%, osworld mini 92%; tools and code_repair 0%). The train
-    reward curves then partly measure recall; held-out pass@1 on the eval split does not."""
+    arithmetic 90%, pipelinerl 100%, desktop 68%, osworld mini 92%; tools and code_repair 0% -- exact prompts
+    only). The train reward curves then partly measure recall. Held-out pass@1 on the eval split does not,
+    except where held-out tasks share their answer with training tasks (code_repair's buggy functions,
+    arithmetic's commuted operands: docs/learnability.md, "Held-out leakage")."""
     start = config.sft_steps * config.sft_batch + batch_index * config.prompts_per_step
     return list(range(start, start + config.prompts_per_step))
 
@@ -311,6 +314,15 @@ def step_record(step: int, version: int, learner_version: int, stats: dict, epis
     return record
 
 
+def _max_over_steps(values) -> float | None:
+    """The largest value, nan if any step's is nan (a blow-up or an unmeasured step must show in
+    the summary: Python's ``max`` keeps a nan only when it comes first), None for no steps."""
+    values = list(values)
+    if any(v != v for v in values):
+        return math.nan
+    return max(values) if values else None
+
+
 def summarize(
     records: list[dict], weights_sha256: str, eval_before: dict, eval_after: dict, sft_losses
 ) -> dict:
@@ -326,11 +338,10 @@ def summarize(
         "sft_final_loss": sft_losses[-1] if sft_losses else None,
     }
     for key in keys:
-        values = [r[key] for r in records]
-        summary[f"{key}_max_over_steps"] = max(values) if values else None
+        summary[f"{key}_max_over_steps"] = _max_over_steps(r[key] for r in records)
     summary["steps_with_zero_mismatch"] = sum(all(r[k] == 0.0 for k in keys) for r in records)
-    summary["is_peak_over_median_max"] = max((r["peak_over_median"] for r in records), default=None)
-    summary["grad_norm_preclip_max"] = max((r["grad_norm_preclip"] for r in records), default=None)
+    summary["is_peak_over_median_max"] = _max_over_steps(r["peak_over_median"] for r in records)
+    summary["grad_norm_preclip_max"] = _max_over_steps(r["grad_norm_preclip"] for r in records)
     rewards = [r["reward_mean"] for r in records]
     head = rewards[: max(1, len(rewards) // 5)]
     tail = rewards[-max(1, len(rewards) // 5) :]
