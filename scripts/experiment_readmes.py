@@ -53,7 +53,10 @@ MINI_CAVEAT = (
 )
 GPU_NOTE = (
     "The full-scale job needs the GPU integration (vLLM rollout + Megatron learner), which this build "
-    "does not include: a submitted job stops with that message; the dry run shows exactly what would run."
+    "does not include: a submitted job stops with that message; the dry run shows exactly what would run. "
+    "Each resolved config's `source_of` says, per value, whether the source states it, we assumed it, or "
+    "the mini arm carries it over (its loss, lag, sampling and dtype: the experiment's design, not the "
+    "publication's)."
 )
 
 

@@ -84,6 +84,8 @@ EXPERIMENT = Experiment(
         env="math reasoning RL (dataset not named in the source)",
         precision="fp8",
         source="S1",
-        assumed=("nodes", "env"),
+        # S1 says "more than 100" updates and names no weight format for DeepSeek-V4-Flash (FP8/MXFP4
+        # appear in S3, for DeepSeek-V4.1-Flash)
+        assumed=("nodes", "env", "updates", "precision"),
     ),
 )

@@ -79,6 +79,8 @@ EXPERIMENT = Experiment(
         lag=64,
         context_tokens=16384,
         source="S3",
+        # S3 ties 16 GPUs to its 12,000-update throughput run only, not to the Qwen3-4B run
+        assumed=("gpus", "nodes"),
         extra={"throughput_run": {"gpus": 16, "updates": 12000, "hours_async": 68.55, "hours_sync": 164.77}},
     ),
 )

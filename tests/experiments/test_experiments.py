@@ -141,6 +141,23 @@ def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting
             assert config["model"] == experiment.full.model and config["steps"] == experiment.full.updates
 
 
+def test_full_scale_config_says_where_each_value_comes_from():
+    """``source_of``: a reviewer must tell a published value from one we assumed or one the mini arm
+    carries (found by review: fp32 dtypes and mini lags read as published)."""
+    from zeromismatch.expt.runner import full_scale_configs
+
+    for name in EXPERIMENTS:
+        for arm, resolved in full_scale_configs(load(name)).items():
+            assert set(resolved["source_of"]) == set(resolved["config"]), (name, arm)
+    deepseek = full_scale_configs(load("deepseek_v4_flash_100steps"))["aligned"]["source_of"]
+    assert deepseek["model"] == "source S1" and deepseek["steps"] == "assumed"
+    assert deepseek["quant"] == "assumed"
+    assert deepseek["dtype"] == "mini arm" and deepseek["algo"] == "mini arm"
+    lag64 = full_scale_configs(load("reinforce_zero_lag64"))
+    assert lag64["aligned"]["source_of"]["lag"] == "source S3"
+    assert lag64["aligned_lag8"]["source_of"]["lag"] == "mini arm"  # an ablation keeps its own lag
+
+
 def test_full_scale_without_backend_refuses_to_submit_or_to_succeed(tmp_path, monkeypatch):
     import importlib
 

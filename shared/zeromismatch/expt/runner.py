@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..io import atomic_write_json, check_directory_path
 from ..rl.config import DTYPES, QUANTS
-from .spec import SCALES, Arm, Experiment
+from .spec import SCALES, Arm, Experiment, FullScale
 
 ROOT = Path(__file__).resolve().parents[3]
 CLUSTERS = ("inline", "local", "debug", "slurm")
@@ -98,9 +98,40 @@ def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
             config["lag"] = full.lag
         not_carried = sorted(set(mini) - set(ARM_CHOICE_FIELDS) - set(PUBLISHED_FIELDS))
         configs[arm.name] = {"arm": arm.name, "note": arm.note, "config": config,
+                             "source_of": _sources_of(full, config, mini),
                              "not_carried_from_mini": not_carried,
                              "published": dataclasses.asdict(full)}  # fmt: skip
     return configs
+
+
+#: resolved config keys -> the FullScale field they come from
+_FULL_FIELD_OF = {
+    "model": "model", "env": "env", "steps": "updates", "rollout_engine": "rollout_engine",
+    "trainer": "trainer", "context_tokens": "context_tokens", "lag": "lag",
+}  # fmt: skip
+
+
+def _sources_of(full: FullScale, config: dict, mini: dict) -> dict[str, str]:
+    """Where each resolved value comes from, so a reviewer can tell a published value from one we
+    chose: "source <S#>" (stated by the publication), "assumed" (``FullScale.assumed``: chosen by us
+    for the dry run), "mini arm" (the arm's own choice, e.g. its loss or sampling, carried over to
+    the full run as the experiment's design), "not stated" (the publication gives none; None here)."""
+    sources = {}
+    for key, value in config.items():
+        field_name = _FULL_FIELD_OF.get(key)
+        if key in ("dtype", "quant"):
+            field_name = "precision" if full.precision is not None and value == full.precision else None
+        if key == "lag" and not (full.lag is not None and value == full.lag):
+            field_name = None  # a lag ablation keeps its mini lag
+        if field_name is None:
+            sources[key] = "launcher (full runs use the Ray executor)" if key == "executor" else "mini arm"
+        elif field_name in full.assumed:
+            sources[key] = "assumed"
+        elif getattr(full, field_name) is None:
+            sources[key] = "not stated"
+        else:
+            sources[key] = f"source {full.source}" if full.source else "source"
+    return sources
 
 
 FULL_SCALE_BACKEND = "zeromismatch.integrations.full_scale"
