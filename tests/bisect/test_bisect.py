@@ -199,3 +199,16 @@ def test_result_json_is_serialisable():
     text = json.dumps(result.to_dict())
     assert '"diverged": false' in text
     assert torch.cat(result.rollout.logprobs).numel() == len(result.to_dict()["token_diffs"])
+
+
+def test_a_reused_trainer_run_must_match_every_setting_it_depends_on():
+    """run_sides(trainer=...) compared only the kernel name and response lengths: a trainer run made at
+    another temperature or dtype was accepted and reported false divergences (found by review)."""
+    from zeromismatch.bisect.driver import run_sides
+
+    reference = baseline("tiny-qwen3").trainer
+    for overrides in ({"temperature": 0.7}, {"dtype": "bf16"}, {"top_k": 5}):
+        with pytest.raises(ValueError, match="other settings"):
+            run_sides(config("tiny-qwen3", **overrides), trainer=reference)
+    # the perturbation and the rollout kernels are the rollout side's: reuse stays allowed
+    run_sides(config("tiny-qwen3", perturb="silu_mul@1"), trainer=reference)

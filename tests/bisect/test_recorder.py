@@ -109,3 +109,25 @@ def test_row_bits_differ_sees_signed_zero_and_dtype():
     assert row_bits_differ(a, b).tolist() == [True, False]
     assert row_bits_differ(a, a.double()).all()
     assert not row_bits_differ(a, a.clone()).any()
+
+
+def test_arguments_are_recorded_before_the_op_runs():
+    """A kernel that writes into its input (a set under development) must have its input recorded as
+    it was, not as the op left it (found by review: the report then blamed an upstream difference)."""
+    from zeromismatch.kernels import get_kernels
+
+    class InPlaceSilu(type(get_kernels("aligned"))):
+        name = "aligned+in-place-silu-mul"
+
+        def silu_mul(self, gate, up):
+            out = super().silu_mul(gate, up)
+            gate.copy_(out)
+            return gate
+
+    model = build_model("tiny-qwen3", kernels="aligned")
+    batch = ForwardBatch.for_training([torch.arange(1, 6)])
+    recorder = RecordingKernels(InPlaceSilu())
+    with torch.no_grad(), recorder.attach(model):
+        model.forward(batch)
+    calls = [r for r in recorder.records if r.op == "silu_mul"]
+    assert calls and all(not torch.equal(r.args["gate"], r.output) for r in calls)

@@ -116,6 +116,20 @@ class SideRun:
     logprobs: list[torch.Tensor]  # per sequence, fp32 [len(response)]
     forwards: list[dict] = field(default_factory=list)  # per model forward: its composition
     perturbation: dict | None = None
+    settings: dict = field(default_factory=dict)  # what the run depends on (``trainer_settings``)
+
+
+#: the BisectConfig fields a trainer-side run depends on (not the rollout kernels, the engine's
+#: batching or the perturbation): a trainer run is reused only under the same values
+TRAINER_FIELDS = (
+    "model", "seed", "num_seqs", "max_prompt_len", "max_response_len", "dtype", "quant", "temperature",
+    "top_k", "top_p", "logprobs_mode",
+)  # fmt: skip
+
+
+def trainer_settings(config) -> dict:
+    settings = {name: getattr(config, name) for name in TRAINER_FIELDS}
+    return {"trainer_kernels": config.trainer_label, **settings}
 
 
 def make_sequences(
@@ -281,7 +295,12 @@ def run_trainer_side(config: BisectConfig, prompts, responses, params) -> SideRu
         }
     ]
     return SideRun(
-        "trainer", config.trainer_label, recorder.records, [lp.detach() for lp in logprobs], forwards
+        "trainer",
+        config.trainer_label,
+        recorder.records,
+        [lp.detach() for lp in logprobs],
+        forwards,
+        settings=trainer_settings(config),
     )
 
 
@@ -320,10 +339,15 @@ def run_sides(
     rollout = run_rollout_side(config, prompts, responses, params)
     if trainer is None:
         trainer = run_trainer_side(config, prompts, responses, params)
-    elif trainer.kernels != config.trainer_label or [len(lp) for lp in trainer.logprobs] != [
+    elif trainer.settings != trainer_settings(config) or [len(lp) for lp in trainer.logprobs] != [
         len(r) for r in responses
     ]:
-        raise ValueError("run_sides(trainer=...) got a trainer run of other kernels or other tokens")
+        wanted = trainer_settings(config)
+        other = {k: (trainer.settings.get(k), v) for k, v in wanted.items() if trainer.settings.get(k) != v}
+        raise ValueError(
+            "run_sides(trainer=...) got a trainer run made under other settings or tokens "
+            f"(setting: (that run's, this config's) = {other})"
+        )
     return rollout, trainer, prompts, responses
 
 

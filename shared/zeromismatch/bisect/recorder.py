@@ -296,10 +296,12 @@ class _RecordingBase(KernelSet):
     # ---- the recording itself ------------------------------------------------
     def _record(self, op: str, args: tuple, kwargs: dict):
         state = self._state
-        output = getattr(self.inner, op)(*args, **kwargs)
         bound = _SIGNATURES[op].bind(self, *args, **kwargs)
         bound.apply_defaults()
+        # before the call: a kernel that writes into its input must not have its output recorded as
+        # its input (the report would then blame an upstream difference, and the repro rerun it twice)
         named = {k: _snapshot(v) for k, v in bound.arguments.items() if k != "self"}
+        output = getattr(self.inner, op)(*args, **kwargs)
         path = state.stack[-1] if state.stack else ""
         layer = layer_of(path)
         slot = (path, canonical_op(op))

@@ -84,7 +84,10 @@ def _rows_differ(a: list[torch.Tensor], b: list[torch.Tensor], a_rows, b_rows) -
 
 def minimize(engine: CallRecord, trainer: CallRecord, e_row: int, t_row: int, e_kernels: str, t_kernels: str):
     """Smallest calls (as described in the module docstring) that still differ under the
-    recorded kernels. Returns (engine args, engine rows, trainer args, trainer rows, info)."""
+    recorded kernels and still compute the diverging row's bits: a kernel whose result depends on
+    the rows beside it (a batch-wide activation scale, a GEMM that picks its algorithm by M) would
+    otherwise have its call shrunk into a different computation, dropping the very cause of the
+    divergence. Returns (engine args, engine rows, trainer args, trainer rows, info)."""
     e_args, t_args = dict(engine.args), dict(trainer.args)
     e_rows, t_rows = [e_row], [t_row]
     info = {"reproduces": False, "rollout_minimized": False, "trainer_minimized": False}
@@ -97,7 +100,7 @@ def minimize(engine: CallRecord, trainer: CallRecord, e_row: int, t_row: int, e_
         return e_args, e_rows, t_args, t_rows, info
     one = _slice_rows(engine.op, e_args, torch.tensor([e_row]))
     one_out = _run(engine.op, e_kernels, one)
-    if _rows_differ(one_out, t_out, [0], t_rows):
+    if not _rows_differ(one_out, e_out, [0], [e_row]) and _rows_differ(one_out, t_out, [0], t_rows):
         e_args, e_rows, e_out = one, [0], one_out
         info["rollout_minimized"] = True
     total = row_outputs(trainer.op, trainer.output)[0].shape[0]
@@ -105,7 +108,9 @@ def minimize(engine: CallRecord, trainer: CallRecord, e_row: int, t_row: int, e_
     while size < total:
         start = max(0, t_row - size + 1)
         window = _slice_rows(trainer.op, t_args, torch.arange(start, t_row + 1))
-        if _rows_differ(e_out, _run(trainer.op, t_kernels, window), e_rows, [t_row - start]):
+        window_out = _run(trainer.op, t_kernels, window)
+        same = not _rows_differ(window_out, t_out, [t_row - start], [t_row])
+        if same and _rows_differ(e_out, window_out, e_rows, [t_row - start]):
             t_args, t_rows = window, [t_row - start]
             info["trainer_minimized"] = True
             break
