@@ -273,7 +273,7 @@ def test_processed_reused_parameter_tensors_are_never_served_stale():
     p = torch.tensor([1.0, 1.0, 1.0, 0.8])
 
     def fresh(rows=None):
-        dense._LAST_PLAN[0] = None
+        dense._last_plan = None
         rows = logits if rows is None else rows
         return ALIGNED.processed_log_softmax(rows, t.clone(), k.clone(), p.clone())
 

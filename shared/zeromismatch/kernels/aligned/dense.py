@@ -318,8 +318,7 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _check_sampling(logits: torch.Tensor, temperature, top_k, top_p) -> None:
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [T, V], got {tuple(logits.shape)}")
+    """The sampling parameters against ``logits`` (already checked to be ``[T, V]``)."""
     t = logits.shape[0]
     for name, p in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
         if not isinstance(p, torch.Tensor) or p.shape != (t,):
@@ -371,10 +370,11 @@ class _SamplingPlan(NamedTuple):
 #: writes that bump no version (``t.data = ...``, ``t.data.fill_``, a numpy array behind
 #: ``from_numpy``); the inference mode is in the key because a plan built under it holds inference
 #: tensors, which autograd may not save (``aligned/attention.py``'s plan cache does the same).
-_LAST_PLAN: list = [None]  # [(key, parameter snapshots, plan)], replaced whole
+_last_plan: tuple | None = None  # (key, parameter snapshots, plan), replaced whole
 
 
 def _sampling_plan(logits: torch.Tensor, temperature, top_k, top_p) -> _SamplingPlan:
+    global _last_plan
     params = (temperature, top_k, top_p)
     key = None
     if all(isinstance(t, torch.Tensor) and not t.requires_grad for t in params):
@@ -384,7 +384,7 @@ def _sampling_plan(logits: torch.Tensor, temperature, top_k, top_p) -> _Sampling
             torch.is_inference_mode_enabled(),
             *((t.dtype, t.device, t.shape) for t in params),
         )
-        held = _LAST_PLAN[0]
+        held = _last_plan
         # (a nan parameter never equals itself, so it is re-checked and refused every call)
         if held is not None and held[0] == key and all(map(torch.equal, held[1], params)):
             return held[2]
@@ -405,7 +405,7 @@ def _sampling_plan(logits: torch.Tensor, temperature, top_k, top_p) -> _Sampling
         top_p=p,
     )
     if key is not None:
-        _LAST_PLAN[0] = (key, tuple(t.detach().clone() for t in params), plan)
+        _last_plan = (key, tuple(t.detach().clone() for t in params), plan)
     return plan
 
 

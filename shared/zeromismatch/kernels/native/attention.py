@@ -64,8 +64,8 @@ def _plan_from(cu_q: list[int], kv_list: list[int], **index) -> _Plan:
 
 
 def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, plan: _Plan, scale: float):
-    """``[Tq, Hq, Dv]`` in q's dtype; k_rows / v_rows ``[N, Hkv*D]`` rows of all heads."""
-    require_cpu(q, k_rows, v_rows)
+    """``[Tq, Hq, Dv]`` in q's dtype; k_rows / v_rows ``[N, Hkv*D]`` rows of all heads (CPU tensors:
+    the callers check every tensor the kernel reads)."""
     tq, hq, dqk = q.shape
     dv = v_rows.shape[1] // hkv
     # the kernel reads fp32 or bf16 in place (raw pointers: contiguous, and a lazily negated view

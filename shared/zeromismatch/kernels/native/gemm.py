@@ -80,12 +80,16 @@ def _packed(weight: torch.Tensor, dtype: torch.dtype, cache: bool = True) -> tor
     weight being trained, whose packed copy would only go stale: the aligned GEMM's
     ``_OneDNNLinear`` makes the same exception; grad mode is off inside ``autograd.Function``)."""
     if cache:
-        tag = ("native-panels", dtype)
-        cached = cached_from_weights((weight,), tag, lambda: _pack(weight.detach().to(dtype)))
+        cached = _cached_panels(weight, dtype)
         if cached is not None:
             return cached
     with torch.no_grad():
         return _pack(weight.detach().resolve_neg().resolve_conj().to(dtype))[0]
+
+
+def _cached_panels(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """``weight`` cast to ``dtype`` and packed, from the packed-weight cache; None where it refuses."""
+    return cached_from_weights((weight,), ("native-panels", dtype), lambda: _pack(weight.detach().to(dtype)))
 
 
 def _uses_bf16_rule(x: torch.Tensor, weight: torch.Tensor, piece_k: int) -> bool:
@@ -205,7 +209,7 @@ def _engine_call(x2d: torch.Tensor, weight: torch.Tensor, pieces: int, round_par
         return None
     if not (x2d.is_cpu and weight.is_cpu) or x2d.is_neg() or x2d.stride(-1) != 1 or x2d.stride(0) < k:
         return None  # (is_conj needs a complex dtype, excluded above)
-    packed = cached_from_weights((weight,), ("native-panels", dtype), lambda: _pack(weight.detach()))
+    packed = _cached_panels(weight, dtype)
     if packed is None:
         return None
     is_bf16 = dtype is torch.bfloat16
