@@ -86,3 +86,16 @@ def test_demonstrations_follow_the_answer_order():
 def test_unknown_answer_order_is_one_clear_error():
     with pytest.raises(ValueError, match="answer_order must be one of"):
         ArithmeticEnv(answer_order="reversed")
+
+
+@pytest.mark.parametrize("ops", ["+", "*", "-"])
+def test_a_commuted_twin_never_crosses_the_split(ops):
+    # keyed by prompt, 73 of 128 held-out "b+a" tasks had their twin "a+b" (same answer) in training
+    env = ArithmeticEnv(max_digits=2, ops=ops)
+    train = {(t.data["a"], t.data["b"]) for t in (env.task(seed, "train") for seed in range(3000))}
+    held_out = [env.task(seed, "eval") for seed in range(300)]
+    twins = [(t.data["b"], t.data["a"]) in train for t in held_out if t.data["a"] != t.data["b"]]
+    if ops == "-":  # a-b and b-a are different facts: both splits hold twins
+        assert any(twins)
+    else:
+        assert twins and not any(twins)

@@ -87,3 +87,16 @@ def test_a_line_as_it_stands_is_no_edit():
             assert env.score(f"<fix>{number}|{line}</fix>") == 0.0
         env.reset(seed, "train")
         assert env.score(env._demonstrate(env.current_task)[0]) == 1.0  # the real fix still scores
+
+
+def test_a_held_out_buggy_function_never_appears_in_training():
+    # keyed by prompt, every held-out buggy function (which alone decides the fix) was a training task
+    # shown with other unit tests, so a lookup table memorised from training scored 1.0 held out
+    env = CodeRepairEnv()
+
+    def function(task):
+        return task.prompt.split("\nTests:")[0]
+
+    train = {function(env.task(seed, "train")) for seed in range(1000)}
+    held_out = {function(env.task(seed, "eval")) for seed in range(200)}
+    assert len(held_out) >= 3 and not train & held_out

@@ -40,6 +40,15 @@ def test_train_and_eval_prompts_are_disjoint(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_train_and_eval_split_keys_are_disjoint(name):
+    # the split key is what decides the answer; an eval task must not share it with any train task
+    env = make_env(name)
+    train = {env.split_key(env.task(seed, "train")) for seed in range(300)}
+    evaluation = {env.split_key(env.task(seed, "eval")) for seed in range(100)}
+    assert train and evaluation and not train & evaluation
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_demonstrations_earn_reward_one_when_replayed(name, split):
     env = make_env(name)

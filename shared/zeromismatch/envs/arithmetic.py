@@ -76,6 +76,13 @@ class ArithmeticEnv(Env):
             prompt = f"Q: {a}{op}{b}=\nA: "
         return Task(prompt=prompt, answer=answer, data={"a": a, "b": b, "op": op})
 
+    def split_key(self, task: Task) -> str:
+        # a+b and b+a (a*b, b*a) are one fact: the operands unordered for the commutative ops
+        a, b, op = task.data["a"], task.data["b"], task.data["op"]
+        if op in "+*":
+            a, b = sorted((a, b))
+        return f"{a}{op}{b}"
+
     def _written(self, answer: int) -> str:
         text = str(answer)
         if self.answer_order == "lsd":

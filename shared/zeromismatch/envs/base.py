@@ -3,8 +3,13 @@
 An env turns ``(split, seed)`` into one task deterministically (``random.Random`` seeded with a string,
 which Python hashes with SHA-512, so the same task comes back in every process whatever PYTHONHASHSEED).
 Splits are disjoint twice over: train and eval draw from differently named seed streams, and every task
-is assigned to exactly one split by a SHA-256 hash of its prompt (a task whose hash falls in the other
-split is redrawn), so no eval prompt can ever appear in training even if two seeds collide.
+is assigned to exactly one split by a SHA-256 hash of its *split key* (a task whose hash falls in the
+other split is redrawn), so no eval prompt can ever appear in training even if two seeds collide.
+
+The split key is what decides the answer, not the prompt text: by default the prompt, but an env whose
+distinct prompts share an answer-deciding core overrides ``split_key`` (arithmetic: ``3+4`` and ``4+3``;
+code repair: one buggy function shown with different unit tests). Keyed by prompt, those twins fell on
+both sides, and a model that memorised training tasks scored on held-out ones by lookup.
 
 Episode: ``prompt = env.reset(seed, split)``; then ``env.step(action)`` returns a ``StepResult`` with
 the env's observation text (appended to the transcript in multi-turn envs), a reward, and ``done``.
@@ -85,8 +90,12 @@ class Env(ABC):
     def _make_task(self, rng: random.Random) -> Task:
         """Draw one task using only ``rng``."""
 
+    def split_key(self, task: Task) -> str:
+        """What decides ``task``'s answer; tasks with equal keys always fall in the same split."""
+        return task.prompt
+
     def split_of(self, task: Task) -> str:
-        digest = hashlib.sha256(f"{self.name}\n{task.prompt}".encode()).digest()
+        digest = hashlib.sha256(f"{self.name}\n{self.split_key(task)}".encode()).digest()
         return "eval" if int.from_bytes(digest[:8], "big") % self.eval_modulus == 0 else "train"
 
     def task(self, seed: int, split: str = "train") -> Task:

@@ -195,6 +195,11 @@ class CodeRepairEnv(Env):
         return Task(prompt=prompt, answer=dict(template.correct),
                     data={"template": template.name, "buggy": buggy, "tests": tests, "bug_slot": slot})
 
+    def split_key(self, task: Task) -> str:
+        # the fix depends on the buggy function alone; the unit tests only vary its presentation
+        buggy = task.data["buggy"]
+        return task.data["template"] + ":" + ",".join(f"{slot}={buggy[slot]}" for slot in sorted(buggy))
+
     def candidate_edits(self, task: Task, line_number: int) -> dict[str, dict[str, str]]:
         """Every allowed new text of a line (stripped) -> the full slot assignment it stands for."""
         template = _BY_NAME[task.data["template"]]
