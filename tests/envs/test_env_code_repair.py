@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from zeromismatch.envs import CodeRepairEnv
@@ -100,3 +102,39 @@ def test_a_held_out_buggy_function_never_appears_in_training():
     train = {function(env.task(seed, "train")) for seed in range(1000)}
     held_out = {function(env.task(seed, "eval")) for seed in range(200)}
     assert len(held_out) >= 3 and not train & held_out
+
+
+def test_no_held_out_fix_is_a_training_target():
+    # keyed by the buggy function, 46 of 64 held-out tasks had their exact fix (a template has one correct
+    # function, and two templates share a fixed line) among the training targets
+    env = CodeRepairEnv()
+    train = {env._demonstrate(env.task(seed, "train"))[0] for seed in range(1000)}
+    held_out = {env._demonstrate(env.task(seed, "eval"))[0] for seed in range(200)}
+    assert held_out and not train & held_out
+
+
+def test_a_patch_passing_the_visible_tests_but_not_the_function_is_not_solved():
+    env = CodeRepairEnv()
+    found = 0
+    for seed in range(300):
+        task = env.task(seed)
+        for line in range(1, 7):
+            for text, assignment in env.candidate_edits(task, line).items():
+                template = next(t for t in TEMPLATES if t.name == task.data["template"])
+                if run_tests(template, assignment, task.data["tests"]) != len(task.data["tests"]):
+                    continue
+                env.reset(seed)
+                result = env.step(f"<fix>{line}|{text}</fix>")
+                assert result.reward == 1.0
+                inputs = [template.sample_args(random.Random(i)) for i in range(300)]
+                wrong = not all(_agrees(template, assignment, args) for args in inputs)
+                assert result.solved == (not wrong), (seed, line, text)
+                found += wrong
+    assert found  # weak visible tests do let wrong patches through: the case this grading exists for
+
+
+def _agrees(template, assignment, args) -> bool:
+    try:
+        return template.run(assignment, args) == template.run(template.correct, args)
+    except (IndexError, ZeroDivisionError, OverflowError):
+        return False

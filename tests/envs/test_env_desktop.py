@@ -54,15 +54,19 @@ def test_unavailable_actions_give_error_observations():
 
 
 def test_truncation_after_max_turns():
-    env = DesktopEnv(max_turns=4)
+    env = DesktopEnv(max_turns=5)
     env.reset(3)
-    results = [
-        env.step("<act>open menu</act>"),
-        env.step("<act>close</act>"),
-        env.step("<act>open menu</act>"),
-        env.step("<act>close</act>"),
-    ]
+    actions = ("open menu", "close", "open menu", "close", "open menu")
+    results = [env.step(f"<act>{action}</act>") for action in actions]
     assert results[-1].done and results[-1].reward == 0.0 and results[-1].info["truncated"]
+    assert not results[-1].solved
+
+
+def test_every_goal_fits_the_smallest_max_turns():
+    # a two-field goal takes five actions; max_turns 4 used to be accepted and left half the tasks unsolvable
+    with pytest.raises(ValueError, match="max_turns must be >= 5"):
+        DesktopEnv(max_turns=4)
+    assert len(DesktopEnv(max_turns=5).demonstrations(50)) == 50
 
 
 def test_step_latency_is_injected():

@@ -61,3 +61,10 @@ def test_round_trip():
 
 def test_matching_algo_options_are_accepted():
     assert RLConfig(algo="grpo", algo_options={"clip_eps": 0.1}).algo_options == {"clip_eps": 0.1}
+
+
+@pytest.mark.parametrize("algo", ["tis", "ppo_clip"])
+def test_one_response_per_prompt_is_refused_for_every_group_baseline(algo):
+    # tis and ppo_clip take group baselines too: at group_size 1 every advantage was 0 and nothing learned
+    with pytest.raises(ValueError, match="RLConfig.group_size"):
+        RLConfig(algo=algo, group_size=1)

@@ -77,3 +77,32 @@ def test_summary_maxima_show_a_nan_step_wherever_it_falls():
         "diff_max_max_over_steps"
     ])
     assert summarize([], "sha", evals, evals, [])["grad_norm_preclip_max"] is None
+
+
+def test_a_sampled_token_the_trainer_gives_probability_zero_is_an_infinite_diff(monkeypatch):
+    # it used to be dropped from diff_*/k3_kl, so a step with an infinite mismatch reported exact zeros
+    import math
+
+    from zeromismatch.rl.loop import summarize
+
+    config = tiny_config(top_k=4)
+    torch.manual_seed(config.seed)
+    learner = Learner(config)
+    episodes = _episodes(config, learner)
+    for i, episode in enumerate(episodes):
+        episode.reward = float(i % 2)
+    recompute = learner._recompute
+
+    def outside_the_support(model, batch, requires_grad):
+        logprobs = recompute(model, batch, requires_grad)
+        first = logprobs[0]
+        logprobs[0] = torch.where(torch.arange(len(first)) == 0, torch.tensor(-math.inf), first)
+        return logprobs
+
+    monkeypatch.setattr(learner, "_recompute", outside_the_support)
+    stats = learner.rl_step(episodes, None)
+    assert stats["kernel_out_of_support_tokens"] == 1 and stats["lag_out_of_support_tokens"] == 0
+    assert stats["diff_max"] == math.inf and stats["k3_kl"] == math.inf
+    record = dict(stats, reward_mean=0.5, time_rollout_s=0.0, time_learner_s=0.0)
+    evaluation = {"eval_pass_at_1": 0.0}
+    assert summarize([record], "hash", evaluation, evaluation, [])["steps_with_zero_mismatch"] == 0

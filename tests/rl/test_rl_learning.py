@@ -79,3 +79,18 @@ def test_rl_on_one_fixed_prompt_drives_its_reward_to_one():
         learner.rl_step(episodes, None)
     assert sum(rewards[:5]) / 5 < 0.5
     assert sum(rewards[-5:]) / 5 >= 0.9
+
+
+def test_the_held_out_set_has_no_repeated_task():
+    from zeromismatch.envs import make_env
+    from zeromismatch.rl.loop import eval_task_seeds
+
+    # single-digit sums: 32 plain seeds hold repeats; the eval set takes the first 32 distinct tasks
+    config = tiny_config(env_options={"max_digits": 1, "ops": "+"}, eval_size=12)
+    env = make_env("arithmetic", max_digits=1, ops="+")
+    plain = [env.task(seed, "eval").prompt for seed in range(12)]
+    assert len(set(plain)) < 12
+    prompts = [env.task(seed, "eval").prompt for seed in eval_task_seeds(config)]
+    assert len(prompts) == 12 == len(set(prompts))
+    with pytest.raises(ValueError, match="only .* distinct tasks"):
+        eval_task_seeds(config.replace(eval_size=500))

@@ -55,6 +55,43 @@ def test_kill_after_step_then_resume_is_bitwise_identical(tmp_path, reference):
     assert read_metrics(out) == metrics
 
 
+def test_prefix_cache_counters_cover_the_whole_resumed_run(tmp_path):
+    # Code-repair prompts share whole blocks: at lag 1, step 1 (version 0 again) hits the blocks step 0
+    # cached, and step 2 (version 1) has nothing to hit, so killing after step 2 loses no hit. The
+    # resumed engine counts from 0; the checkpoint carries the count before it.
+    config = tiny_config(env="code_repair", max_new_tokens=8, steps=3, lag=1, checkpoint_every=1)
+    uninterrupted = train(config, tmp_path / "whole", quiet=True)
+    assert uninterrupted["prefix_cache_hits"] > 0
+    out = tmp_path / "run"
+    killed = _run(config, out, resume=False, env={"ZM_CRASH_AFTER_STEP": "2"})
+    assert killed.returncode == 13, killed.stderr[-2000:]
+    resumed = _run(config, out, resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["weights_sha256"] == uninterrupted["weights_sha256"]
+    assert summary["prefix_cache_hits"] == uninterrupted["prefix_cache_hits"]
+
+
+def test_a_partial_last_metrics_line_is_dropped_on_resume(tmp_path, reference):
+    config, summary, metrics = reference
+    out = tmp_path / "run"
+    killed = _run(config, out, resume=False, env={"ZM_CRASH_AFTER_STEP": "2"})
+    assert killed.returncode == 13, killed.stderr[-2000:]
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "k3_k')  # a kill in the middle of a write
+    resumed = _run(config, out, resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert read_metrics(out) == metrics
+
+
+def test_an_unversioned_prefix_cache_run_is_not_resumable(tmp_path):
+    out = tmp_path / "run"
+    config = tiny_config(steps=1, checkpoint_every=1, prefix_cache_versioned=False)
+    train(config, out, quiet=True)
+    with pytest.raises(ValueError, match="cannot be resumed"):
+        train(config, out, resume=True, quiet=True)
+
+
 def test_kill_during_checkpoint_write_keeps_previous_checkpoint(tmp_path, reference):
     config, summary, metrics = reference
     out = tmp_path / "run"

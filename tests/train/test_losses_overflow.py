@@ -95,3 +95,17 @@ def test_a_non_flat_overflow_is_left_to_the_clip():
     batch, _ = _clipped_overflow_batch([1.0, 0.0])
     out = grpo(batch)
     assert math.isfinite(out.loss.item()) and out.stats["clip_rate"] == 1 / 4
+
+
+@pytest.mark.parametrize("loss_fn", [grpo, ppo_clip], ids=["grpo", "ppo_clip"])
+def test_a_positive_advantage_overflow_takes_the_clip_with_zero_gradient_not_nan(loss_fn):
+    # the clipped branch (1 + eps) A is a constant there, but exp's backward gave 0 * inf = NaN, which
+    # reached every parameter through the optimizer step
+    advantages = torch.tensor([1.0, -1.0]) if loss_fn is ppo_clip else None
+    batch, learner = _clipped_overflow_batch([1.0, 0.0], advantages)
+    out = loss_fn(batch)
+    out.loss.backward()
+    assert math.isfinite(out.loss.item())
+    assert torch.isfinite(learner.grad).all()
+    assert learner.grad[0, 1].item() == 0.0  # the overflowing, clipped token
+    assert out.stats["ratio_max"] == math.inf

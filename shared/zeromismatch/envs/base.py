@@ -8,7 +8,7 @@ other split is redrawn), so no eval prompt can ever appear in training even if t
 
 The split key is what decides the answer, not the prompt text: by default the prompt, but an env whose
 distinct prompts share an answer-deciding core overrides ``split_key`` (arithmetic: ``3+4`` and ``4+3``;
-code repair: one buggy function shown with different unit tests). Keyed by prompt, those twins fell on
+code repair: every bug whose fix is the same line). Keyed by prompt, those twins fell on
 both sides, and a model that memorised training tasks scored on held-out ones by lookup.
 
 Episode: ``prompt = env.reset(seed, split)``; then ``env.step(action)`` returns a ``StepResult`` with
@@ -41,10 +41,17 @@ class Task:
 
 @dataclass(frozen=True)
 class StepResult:
+    """``info["solved"]``, when an env sets it on the final step, is whether the episode solved the task,
+    graded apart from the reward (code repair: hidden tests); otherwise solved means reward 1.0."""
+
     observation: str  # env text appended after the action ("" when done)
     reward: float
     done: bool
     info: dict = field(default_factory=dict)
+
+    @property
+    def solved(self) -> bool:
+        return bool(self.info.get("solved", self.reward == 1.0)) and self.done
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ class Env(ABC):
         self._turns += 1
         result = self._step(task, action)
         if not result.done and self._turns >= self.max_turns:
-            info = dict(result.info, truncated=True)
+            info = dict(result.info, truncated=True, solved=False)
             result = StepResult(observation="", reward=0.0, done=True, info=info)
         self._done = result.done
         return result
@@ -182,7 +189,7 @@ class Env(ABC):
                 turns.append((action, result.observation))
                 if result.done:
                     break
-            if not (result.done and result.reward == 1.0):
+            if not (result.done and result.reward == 1.0 and result.solved):
                 raise RuntimeError(f"{self.name}: demonstration for seed {index} did not earn reward 1")
             demos.append(Demonstration(prompt=prompt, turns=tuple(turns)))
         return demos

@@ -14,11 +14,16 @@ the line as it already stands (a line without slots cannot be edited at all).
 Nothing the model writes is executed. A patch only *selects* slot values from a table; the patched
 function is then run by this module's own interpreter of the template (a Python function of the slot
 values, with operators taken from a fixed table and input sizes bounded). Reward = fraction of unit
-tests whose result equals the reference; an exception in the candidate counts as a failed test.
+tests whose result equals the reference; an exception in the candidate counts as a failed test. Whether
+the patch *solves* the task (``info["solved"]``, what held-out pass@1 counts) is graded apart from the
+reward, on 200 hidden inputs per template: the patched function must compute the correct one on all.
+
+Split: by the fix itself (``split_key``), so no held-out task's answer is ever a training target.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import random
@@ -155,6 +160,28 @@ def run_tests(template: RepairTemplate, slots: dict[str, str], tests: list[tuple
     return passed
 
 
+HIDDEN_TESTS = 200
+
+
+@functools.cache
+def _hidden_inputs(name: str) -> tuple[tuple, ...]:
+    rng = random.Random(f"code_repair/hidden/{name}")
+    return tuple(_BY_NAME[name].sample_args(rng) for _ in range(HIDDEN_TESTS))
+
+
+def _equivalent(template: RepairTemplate, slots: dict[str, str]) -> bool:
+    """Whether ``slots`` computes the correct function on the template's hidden inputs (SWE-bench
+    grades a patch on tests the model never sees): ~5 visible tests let some wrong patches pass them
+    all (``total = 1`` for a ``range(2, n + 1)`` bug), which must not count as solving the task."""
+    for args in _hidden_inputs(template.name):
+        try:
+            if template.run(slots, args) != template.run(template.correct, args):
+                return False
+        except (IndexError, ZeroDivisionError, OverflowError):
+            return False
+    return True
+
+
 class CodeRepairEnv(Env):
     name = "code_repair"
     max_turns = 1
@@ -196,9 +223,11 @@ class CodeRepairEnv(Env):
                     data={"template": template.name, "buggy": buggy, "tests": tests, "bug_slot": slot})
 
     def split_key(self, task: Task) -> str:
-        # the fix depends on the buggy function alone; the unit tests only vary its presentation
-        buggy = task.data["buggy"]
-        return task.data["template"] + ":" + ",".join(f"{slot}={buggy[slot]}" for slot in sorted(buggy))
+        # The answer itself. A template has one correct function, so every bug on one line has the same
+        # fix (factorial's start=0, start=2 and end=0 all take "3|for i in range(1, n + 1):"), and two
+        # templates can share a fixed line; keyed by the buggy function, 46 of 64 held-out tasks had
+        # their exact fix among the training targets and a (template, line) lookup scored 0.72.
+        return self._demonstrate(task)[0]
 
     def candidate_edits(self, task: Task, line_number: int) -> dict[str, dict[str, str]]:
         """Every allowed new text of a line (stripped) -> the full slot assignment it stands for."""
@@ -228,7 +257,8 @@ class CodeRepairEnv(Env):
         template = _BY_NAME[task.data["template"]]
         tests = task.data["tests"]
         passed = run_tests(template, assignment, tests)
-        return StepResult("", passed / len(tests), True, {"passed": passed, "tests": len(tests)})
+        info = {"passed": passed, "tests": len(tests), "solved": _equivalent(template, assignment)}
+        return StepResult("", passed / len(tests), True, info)
 
     def _demonstrate(self, task: Task) -> list[str]:
         template = _BY_NAME[task.data["template"]]

@@ -73,8 +73,13 @@ class DesktopEnv(Env):
         free_text: bool = False,
     ) -> None:
         super().__init__()
-        if max_turns < 4:
-            raise ValueError(f"max_turns must be >= 4 (open, select, type, submit), got {max_turns}")
+        # a goal sets up to every field of its app: open, select, one type per field, submit
+        most_actions = 3 + max(len(fields) for fields in APPS.values())
+        if max_turns < most_actions:
+            raise ValueError(
+                f"max_turns must be >= {most_actions} (open, select, type each field, submit), "
+                f"got {max_turns}"
+            )
         if not 0.0 <= step_latency_s <= 3600.0:
             raise ValueError(f"step_latency_s must be in [0, 3600], got {step_latency_s}")
         self.max_turns = max_turns

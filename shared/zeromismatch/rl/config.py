@@ -108,7 +108,9 @@ class RLConfig:
         for name in ("sft_steps", "sft_batch", "eval_every", "checkpoint_every", "eval_samples"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative int")
-        if self.group_size < 2 and self.algo in ("reinforce_zero", "grpo", "gspo"):
+        # every algorithm here takes a group baseline (ppo_clip gets GRPO's group-normalised advantage):
+        # with one response per prompt every advantage is 0 and nothing is learned
+        if self.group_size < 2:
             raise bad("group_size", "group baselines need at least 2 responses per prompt")
         for name in ("lr", "sft_lr"):
             if not is_number(getattr(self, name)) or getattr(self, name) <= 0:

@@ -65,6 +65,14 @@ def weights_hash(model) -> str:
     return digest.hexdigest()
 
 
+# keys every RL step record carries (NaN when the step has no token to compute them on), so a run's
+# summary never meets a step without them
+_ALWAYS_REPORTED = (
+    "diff_max", "diff_mean", "diff_std", "k3_kl", "is_mean", "is_max", "is_min", "is_median",
+    "peak_over_median", "log_ratio_abs_max",
+)  # fmt: skip
+
+
 class Learner:
     def __init__(self, config: RLConfig, model=None):
         self.config = config
@@ -164,7 +172,11 @@ class Learner:
         # its response still counts in B and in its group's baseline (``PolicyBatch.support``).
         now_finite = torch.isfinite(learner.detach())
         then_finite = torch.isfinite(then)
-        out_of_support = int((mask & ~(now_finite & then_finite)).sum())
+        # Two different events: the trainer at the rollout's own version giving a sampled token
+        # probability 0 is kernel mismatch (an infinite diff, reported as such below); the current
+        # version doing so, while the rollout version did not, is weight lag.
+        kernel_out_of_support = int((mask & ~then_finite).sum())
+        lag_out_of_support = int((mask & then_finite & ~now_finite).sum())
         learner = torch.where(now_finite, learner, torch.zeros_like(learner))
         then = torch.where(then_finite, then, torch.zeros_like(then))
         rewards = torch.tensor([ep.reward for ep in episodes])
@@ -193,11 +205,17 @@ class Learner:
         # IS weights and the gap decomposition also need the current policy's logprob to be finite
         kernel_tokens = mask & then_finite
         both = kernel_tokens & now_finite
-        stats = {}
+        stats = dict.fromkeys(_ALWAYS_REPORTED, math.nan)  # a step with no such tokens still has the keys
         if bool(kernel_tokens.any()):
             kernel = mismatch.logprob_diff_stats(rollout[kernel_tokens], then[kernel_tokens])
             stats.update({f"kernel_{k}": v for k, v in kernel.items()})
             stats.update({k: kernel[k] for k in ("diff_max", "diff_mean", "diff_std", "k3_kl")})
+        if kernel_out_of_support:
+            # The engine sampled a token the trainer, at the same weights, gives probability 0: its
+            # diff is infinite (dropping it used to report such a step as an exact zero).
+            infinite = {"diff_max": math.inf, "diff_mean": math.inf, "diff_std": math.nan, "k3_kl": math.inf}
+            stats.update(infinite)
+            stats.update({f"kernel_{k}": v for k, v in infinite.items()}, kernel_identical=False)
         if bool(both.any()):
             stats.update(mismatch.is_weight_stats(learner.detach()[both], rollout[both]))
             gap = mismatch.decompose_logprob_gap(learner.detach()[both], then[both], rollout[both])
@@ -216,6 +234,8 @@ class Learner:
             unreported = ("kernel_", "diff_", "gap_", "k3_kl", "entropy")
             stats.update({key: float("nan") for key in stats if key.startswith(unreported)})
         stats["grad_norm_preclip"] = grad_norm
-        stats["out_of_support_tokens"] = out_of_support
+        stats["out_of_support_tokens"] = kernel_out_of_support + lag_out_of_support
+        stats["kernel_out_of_support_tokens"] = kernel_out_of_support
+        stats["lag_out_of_support_tokens"] = lag_out_of_support
         stats["tokens"] = int(mask.sum())
         return stats

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .. import _provenance
+from ..envs import make_env
 from ..io import atomic_write_json, atomic_write_text
 from ..metrics import mismatch
 from ..train import checkpoint as ckpt
@@ -116,10 +117,35 @@ def task_seeds_for_batch(config: RLConfig, batch_index: int) -> list[int]:
 EVAL_BATCH_INDEX = 2**40  # sampling seeds of the sampled eval: a batch index no training step reaches
 
 
-def evaluate(config: RLConfig, learner: Learner) -> dict:
-    """Held-out pass@1 on the first ``eval_size`` eval-split tasks under the learner's weights.
+EVAL_SEED_TRIES = 100  # eval seeds walked per distinct held-out task before giving up
 
-    ``eval_pass_at_1``: share of prompts whose greedy (temperature 0) episode earns reward 1.
+
+def eval_task_seeds(config: RLConfig) -> list[int]:
+    """The first ``eval_size`` eval-split seeds whose prompts are all different.
+
+    Seeds draw tasks independently, so the plain first ``eval_size`` seeds repeat tasks wherever the
+    held-out space is small (desktop: one settings task 11 times in 64), and pass@1 weighted them
+    by chance. A held-out space smaller than ``eval_size`` is one clear error, not a padded set."""
+    env = make_env(config.env, **env_options(config))
+    seeds, prompts = [], set()
+    for seed in range(config.eval_size * EVAL_SEED_TRIES):
+        prompt = env.task(seed, "eval").prompt
+        if prompt not in prompts:
+            prompts.add(prompt)
+            seeds.append(seed)
+            if len(seeds) == config.eval_size:
+                return seeds
+    raise ValueError(
+        f"eval_size {config.eval_size}: the {config.env} env's eval split gave only {len(seeds)} distinct "
+        f"tasks in {config.eval_size * EVAL_SEED_TRIES} seeds; lower eval_size"
+    )
+
+
+def evaluate(config: RLConfig, learner: Learner) -> dict:
+    """Held-out pass@1 on ``eval_size`` distinct eval-split tasks under the learner's weights.
+
+    ``eval_pass_at_1``: share of prompts whose greedy (temperature 0) episode solves the task (reward 1,
+    or the env's own grading where it has one: code repair's hidden tests).
     ``eval_sampled_pass_at_1`` (when ``eval_samples`` = n > 0): n episodes per prompt sampled with the
     training temperature/top-k/top-p; the unbiased pass@1 estimate c/n per prompt, averaged over prompts
     (the metric RL optimises directly; greedy pass@1 only moves when an answer's argmax flips).
@@ -128,15 +154,19 @@ def evaluate(config: RLConfig, learner: Learner) -> dict:
 
     from ..engine import LLM
 
-    engine = LLM(copy.deepcopy(learner.model), kernels=config.engine_kernels, max_num_seqs=64)
+    # the rollouts' head precision: a bf16-head run is evaluated as it samples
+    engine = LLM(
+        copy.deepcopy(learner.model), kernels=config.engine_kernels, max_num_seqs=64,
+        lm_head_precision=config.lm_head_precision,
+    )  # fmt: skip
     start = time.perf_counter()
-    seeds = list(range(config.eval_size))
+    seeds = eval_task_seeds(config)
     common = dict(batch_index=EVAL_BATCH_INDEX, run_seed=config.seed, max_new_tokens=config.max_new_tokens,
                   split="eval", env_options=env_options(config))  # fmt: skip
     episodes = collect_episodes(engine, config.env, seeds, 1, temperature=0.0, **common)
     rewards = [ep.reward for ep in episodes]
     result = {
-        "eval_pass_at_1": sum(r == 1.0 for r in rewards) / len(rewards),
+        "eval_pass_at_1": sum(ep.solved for ep in episodes) / len(episodes),
         "eval_reward_mean": sum(rewards) / len(rewards),
     }
     if config.eval_samples:
@@ -145,7 +175,7 @@ def evaluate(config: RLConfig, learner: Learner) -> dict:
             top_k=config.top_k, top_p=config.top_p, logprobs_mode=config.logprobs_mode, **common,
         )  # fmt: skip
         sampled_rewards = [ep.reward for ep in sampled]
-        result["eval_sampled_pass_at_1"] = sum(r == 1.0 for r in sampled_rewards) / len(sampled_rewards)
+        result["eval_sampled_pass_at_1"] = sum(ep.solved for ep in sampled) / len(sampled)
         result["eval_sampled_reward_mean"] = sum(sampled_rewards) / len(sampled_rewards)
     result["time_eval_s"] = time.perf_counter() - start
     return result
@@ -208,10 +238,16 @@ class Run:
     def _truncate_metrics(self, keep_before_step: int) -> None:
         if not self.metrics_path.exists():
             return
-        kept = [
-            line for line in self.metrics_path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", -1) < keep_before_step
-        ]  # fmt: skip
+        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        records = []
+        for index, line in enumerate(lines):
+            try:
+                records.append((line, json.loads(line)))
+            except json.JSONDecodeError:
+                # a kill in the middle of _log's write leaves a partial last line; its step reruns
+                if index != len(lines) - 1:
+                    raise ValueError(f"{self.metrics_path}: line {index + 1} is not JSON") from None
+        kept = [line for line, record in records if record.get("step", -1) < keep_before_step]
         atomic_write_text(self.metrics_path, "".join(line + "\n" for line in kept))
 
     def _save(self, step: int, learner: Learner, history: WeightHistory, extra: dict) -> None:
@@ -246,6 +282,13 @@ class Run:
         history = WeightHistory()
         start_step, extra = 0, {}
         latest = ckpt.latest_checkpoint(self.ckpt_dir) if resume else None
+        if latest is not None and c.enable_prefix_caching and not c.prefix_cache_versioned:
+            # the engine's cache is not checkpointed: a resumed run could not reuse the stale K/V an
+            # uninterrupted one reuses, so it would compute something else
+            raise ValueError(
+                f"{self.out}: a run with prefix_cache_versioned=False cannot be resumed (its stale prefix "
+                "cache is not checkpointed); rerun it from the start"
+            )
         if latest is not None:
             state = ckpt.load_checkpoint(latest).state
             learner.model.load_state_dict_hf(state["model"])
@@ -287,13 +330,16 @@ class Run:
             if os.environ.get(_CRASH_AFTER_STEP_ENV) == str(step):
                 os._exit(13)
             if c.checkpoint_every and (step + 1) % c.checkpoint_every == 0:
-                self._save(step + 1, learner, history, {**extra, "next_step": step + 1})
+                counts = _add_counts(extra.get("cache_stats", {}), worker.cache_stats())
+                progress = {"next_step": step + 1, "cache_stats": counts}
+                self._save(step + 1, learner, history, {**extra, **progress})
 
         summary = summarize(
             self._records(), weights_hash(learner.model), extra["eval_before"], evaluate(c, learner),
             extra.get("sft_losses"),
         )  # fmt: skip
-        summary.update(worker.cache_stats())
+        # counted over the whole run: a resumed run's engine starts its counters at 0
+        summary.update(_add_counts(extra.get("cache_stats", {}), worker.cache_stats()))
         atomic_write_json(self.out / "summary.json", summary)
         if wandb_run is not None:
             wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
@@ -302,6 +348,10 @@ class Run:
 
     def _records(self) -> list[dict]:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+
+def _add_counts(before: dict[str, int], since: dict[str, int]) -> dict[str, int]:
+    return {key: before.get(key, 0) + value for key, value in since.items()}
 
 
 def step_record(step: int, version: int, learner_version: int, stats: dict, episodes, timings: dict) -> dict:

@@ -35,6 +35,7 @@ class Episode:
     versions: list[int] = field(default_factory=list)  # weight version per token (-1 for env tokens)
     model_mask: list[bool] = field(default_factory=list)
     reward: float = 0.0
+    solved: bool = False  # graded apart from the reward where the env does (StepResult.solved)
     turns: int = 0
     truncated: bool = False
 
@@ -127,6 +128,7 @@ def collect_episodes(
             result = envs[i].step(_action_text(out.token_ids))
             if result.done:
                 ep.reward = float(result.reward)
+                ep.solved = result.solved
                 ep.truncated = bool(result.info.get("truncated", False))
                 continue
             observation = tok.encode(result.observation)

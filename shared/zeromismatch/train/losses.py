@@ -255,18 +255,22 @@ def _token_ratio(batch: PolicyBatch, learner: torch.Tensor, reference: torch.Ten
 
 
 def _flat_overflow_safe(log_ratio: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """``log_ratio`` with 0 where the advantage is exactly 0 and exp(log_ratio) would overflow.
+    """``log_ratio`` made safe where exp(log_ratio) would overflow and the advantage is >= 0.
 
-    For the clipped objectives the gradient flows through exp(log_ratio): a zero advantage there
-    still gave inf * 0 = NaN in the objective, and masking after the exp cannot help, because the
-    exp's backward multiplies by its output (0 * inf = NaN again). Zeroing the log-ratio first makes
-    those terms exactly 0 with a zero gradient. Everywhere else the where() selects ``log_ratio``
-    itself, so every finite loss and gradient keeps its bits."""
+    For the clipped objectives the gradient flows through exp(log_ratio), and the exp's backward
+    multiplies by its output: at an overflowing token, 0 * inf = NaN even where the objective takes
+    no gradient from it. Advantage exactly 0: the log-ratio becomes 0, so the term is exactly 0 with a
+    zero gradient. Advantage > 0: the clipped branch (1 + eps_high) A is active, a constant, so the
+    log-ratio becomes a detached finite constant above every clip band; the value stays the clipped
+    one and the gradient is 0 instead of NaN. (Advantage < 0 never clips an overflowing ratio: its
+    objective is -inf, as measured.) Everywhere else the where() selects ``log_ratio`` itself, so every
+    finite loss and gradient keeps its bits."""
     overflow_at = math.log(torch.finfo(log_ratio.dtype).max)
-    flat_overflow = (advantages == 0) & (log_ratio.detach() > overflow_at)
-    if not bool(flat_overflow.any()):
+    overflow = log_ratio.detach() > overflow_at
+    if not bool(overflow.any()):
         return log_ratio
-    return torch.where(flat_overflow, torch.zeros((), dtype=log_ratio.dtype), log_ratio)
+    safe = torch.where(advantages == 0, 0.0, overflow_at - 1.0).to(log_ratio.dtype)
+    return torch.where(overflow & (advantages >= 0), safe, log_ratio)
 
 
 def _clipped_token_ratio(batch: PolicyBatch, token_advantages: torch.Tensor) -> torch.Tensor:
