@@ -59,3 +59,35 @@ def test_tensor_parallel_llm_refuses_quantization_before_spawning(monkeypatch):
     monkeypatch.setattr(engine_tp.mp, "get_context", lambda *a: pytest.fail("spawned workers"))
     with pytest.raises(ValueError, match="cannot quantize"):
         engine_tp.TensorParallelLLM("tiny-qwen3", "aligned", tp=2, quant="fp8")
+
+
+@pytest.mark.parametrize("sampling", [["--temperature", "0"], ["--top-k", "1"]])
+def test_zm_parity_refuses_a_comparison_that_would_pass_on_any_kernels(capsys, sampling):
+    # processed logprobs are then all exactly 0: the default kernels used to print "identical True"
+    rc = main(["parity", "--model", "tiny-qwen3", "--kernels", "default", "--num-prompts", "2", *sampling])
+    assert rc == 2 and "--logprobs-mode raw" in capsys.readouterr().err
+    rc = main(["parity", "--model", "tiny-qwen3", "--kernels", "default", "--num-prompts", "5",
+               "--max-tokens", "5", "--logprobs-mode", "raw", "--json", *sampling])  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    assert rc == 0 and result["informative_tokens"] == result["tokens"] == 25
+    assert not result["identical"]  # raw logprobs show the default kernels' mismatch
+
+
+def test_zm_parity_compares_nothing_when_an_engine_step_failed(capsys, monkeypatch):
+    # a failed step ends its requests with partial tokens; those used to be compared as "identical"
+    from zeromismatch.engine.runner import ModelRunner
+
+    execute, calls = ModelRunner.execute, []
+
+    def fails_on_the_fourth_step(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("injected kernel failure")
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "execute", fails_on_the_fourth_step)
+    with pytest.warns(RuntimeWarning):
+        rc = main(["parity", "--model", "tiny-qwen3", "--num-prompts", "5", "--max-tokens", "5", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 1 and captured.out == ""
+    assert "engine error" in captured.err and "injected kernel failure" in captured.err

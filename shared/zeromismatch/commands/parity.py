@@ -8,7 +8,9 @@ batch composition changes at almost every step, and prompts longer than
 (``--tp`` workers) generates up to ``--max-tokens`` tokens per prompt; then the trainer
 (``--trainer-tp``) recomputes every sampled token's logprob with its own packing: other
 micro-batch sizes and the reverse order. Output: diff_max, diff_mean, diff_std, k3_kl
-(``zeromismatch.metrics.mismatch.logprob_diff_stats``), tokens, identical.
+(``zeromismatch.metrics.mismatch.logprob_diff_stats``), tokens, informative_tokens (those whose logprob
+is not exactly 0 on both sides), identical. Processed logprobs under greedy or top_k 1 sampling are all 0
+on any kernels, so that combination is refused; a run in which an engine step failed compares nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +60,16 @@ def run_engine_workload(llm, workload) -> list:
             if out.finished:
                 finished[out.request_id] = out
         step += 1
-    return [finished[str(i)] for i in range(len(workload))]
+    outputs = [finished[str(i)] for i in range(len(workload))]
+    # a failed step ends its requests with the tokens sampled so far: comparing those truncated
+    # outputs would print "identical" for a run that went wrong
+    failed = [o for o in outputs if o.finish_reason == "error"]
+    if failed:
+        raise RuntimeError(
+            f"{len(failed)} of {len(outputs)} requests ended in an engine error (first: request "
+            f"{failed[0].request_id}: {failed[0].error}); nothing is compared"
+        )
+    return outputs
 
 
 def _trainer_worker(rank, group, preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order):
@@ -110,6 +121,14 @@ def run_parity(
     max_prompt_len: int = 40,
 ) -> dict:
     from ..engine import LLM
+
+    if logprobs_mode == "processed" and (temperature == 0 or top_k == 1):
+        # the processed distribution is then one-hot: every logprob is exactly 0 on any kernels, and
+        # "identical" would only say that both sides picked the same tokens
+        raise ValueError(
+            "processed logprobs are all exactly 0 under greedy (temperature 0) or top_k 1 sampling, so "
+            "the comparison would pass for any kernels; pass --logprobs-mode raw"
+        )
     from ..engine.llm import build_preset
     from ..models import resolve_config
 
@@ -167,7 +186,11 @@ def run_parity(
             llm.close()
     trainer = trainer_logprobs(model, kernels, torch_dtype, seed, quant, trainer_tp, outputs)
     rollout = torch.cat([torch.tensor(o.logprobs, dtype=torch.float32) for o in outputs])
-    result = diff_stats(rollout, torch.cat(trainer))
+    trainer = torch.cat(trainer)
+    result = diff_stats(rollout, trainer)
+    # tokens whose logprob carries information: a tiny top_p makes many processed logprobs exactly 0
+    # on both sides, and those agree whatever the kernels
+    result["informative_tokens"] = int(((rollout != 0) | (trainer != 0)).sum())
     result.update(stats)
     result.update(
         model=model,
@@ -239,12 +262,18 @@ def run(args) -> int:
     except (ValueError, TypeError) as err:
         print(f"zm parity: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        print(f"zm parity: {err}", file=sys.stderr)
+        return 1
     from .._provenance import numerics
 
     result = {**result, "numerics": numerics()}  # e.g. the portable GEMM mode this ran in
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
-    for key in ("diff_max", "diff_mean", "diff_std", "k3_kl", "tokens", "identical"):
+    if not result["informative_tokens"]:
+        print("zm parity: every compared logprob is exactly 0; 'identical' says only that both sides "
+              "chose the same tokens (use --logprobs-mode raw)", file=sys.stderr)  # fmt: skip
+    for key in ("diff_max", "diff_mean", "diff_std", "k3_kl", "tokens", "informative_tokens", "identical"):
         print(f"{key:10s} {result[key]}")
     return 0

@@ -295,7 +295,9 @@ class LLM:
         """Swap in ``weights`` (HF names; a subset is fine) and bump the weight version.
 
         Returns the outputs of requests finished by the update: drained ones for "wait",
-        aborted partial ones for "abort", none for "keep". See ``weights.py`` for the modes."""
+        aborted partial ones for "abort", none for "keep". The next ``step()`` delivers the same
+        outputs once more, so a consumer of the step API sees every finished request there: read
+        one of the two channels, not both (or key outputs by request id). See ``weights.py``."""
         validate_update_mode(mode)
         merged = merged_state_dict(self.model, weights)
         finished: list[RequestOutput] = []
