@@ -224,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         "median_tokens_per_cpu_s": cpu_medians,
         "ratio_aligned_over_default_cpu": cpu_medians["engine-aligned"] / cpu_medians["engine-default"],
         "targets": {"aligned_over_default": 0.95, "engine_over_hf": 3.0},
-        "published": {"aligned_over_default": 0.913, "source": "S1"},
         "provenance": provenance(config=vars(args)),
     }
     if not native:

@@ -229,6 +229,25 @@ def published_setup(full) -> list[str]:
     return lines
 
 
+def published_setup_by_arm(experiment) -> list[str]:
+    """The experiment's published set-up, then each other published run some arms stand in for."""
+    others: dict[int, tuple[object, list[str]]] = {}
+    for arm, full in experiment.full_by_arm.items():
+        others.setdefault(id(full), (full, []))[1].append(arm)
+    if not others:
+        return published_setup(experiment.full)
+    covered = {arm for _, arms in others.values() for arm in arms}
+    rest = [arm.name for arm in experiment.arms_for("mini") if arm.name not in covered]
+    lines = [_arms_label(rest), "", *published_setup(experiment.full)]
+    for full, arms in others.values():
+        lines += ["", _arms_label(arms), "", *published_setup(full)]
+    return lines
+
+
+def _arms_label(arms: list[str]) -> str:
+    return f"{'Arm' if len(arms) == 1 else 'Arms'} {', '.join(f'`{a}`' for a in arms)}:"
+
+
 # ------------------------------------------------------------------------------------ the README
 
 
@@ -281,7 +300,7 @@ def render(module: ModuleType) -> str:
         "",
         "## Published set-up (full scale)",
         "",
-        *published_setup(experiment.full),
+        *published_setup_by_arm(experiment),
         "",
         GPU_NOTE,
     ]

@@ -10,6 +10,12 @@ prefix cache, fp32 head, keep-mode weight updates). Two pairs of arms then isola
 on the aligned stack: prefix cache versioned vs not (code-repair prompts share long prefixes across
 tasks, so a cache that ignores weight versions serves stale K/V), and a bf16 vs fp32 rollout head
 with bf16 activations.
+
+What "v1_first" actually changes here: only the logprob semantics. Its unversioned cache never hits
+(arithmetic prompts are shorter than one 16-token block: ``prefix_cache_hits`` 0) and its
+activation-dtype head is fp32 (the model is fp32), so fixes 2 and 4 show only in their own arm pairs.
+Fix 3 (the in-flight weight-update path) is exercised by no arm: the mini loop swaps weights between
+batches, with no request in flight, so keep / wait / abort cannot differ (engine tests cover them).
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ def mini() -> list[Arm]:
                 prefix_cache_versioned=False,
                 lm_head_precision="activation",
             ),  # fmt: skip
-            "first V1 attempt: raw logprobs, unversioned prefix cache, activation-dtype head",
+            "first V1 attempt: raw logprobs, unversioned prefix cache, activation-dtype head (in this "
+            "fp32, short-prompt workload only the raw logprobs take effect)",
         ),
         Arm("v1_fixed", _base(kernels="default"), "V1 after the four fixes (kernels still unaligned)"),
         # one fix at a time, on the aligned stack, so nothing else can explain the difference:
@@ -105,4 +112,4 @@ def gaps_to_v0(scale_dir: Path) -> None:
             f"{name}_gap_to_v0": abs(tail_mean(records, key) - tail_mean(reference, key))
             for name, key in metrics.items()
         }
-        add_to_summary(scale_dir / arm, gaps)
+        add_to_summary(scale_dir / arm, gaps, inputs=(scale_dir / "v0",))

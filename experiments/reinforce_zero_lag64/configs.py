@@ -18,8 +18,10 @@ from zeromismatch.rl import RLConfig
 
 # Learnability (docs/learnability.md): held-out single-digit facts cannot be inferred from training facts,
 # so RL could not raise their pass@1 (it fell in 3 of 4 seeds). Two-digit addition written units-first is a
-# rule the 2-layer model learns (held-out greedy pass@1 0.03 -> 0.53 over 1000 SFT steps at lr 1e-3), so
-# held-out problems share what RL reinforces. RL lr 1e-4: at 1e-3 the policy collapsed (0.53 -> 0.09).
+# rule the 2-layer model learns, so held-out problems share what RL reinforces. RL lr 1e-4: at 1e-3 the
+# policy collapsed. Both were chosen on the old prompt-keyed split, where commuted twins in training made
+# seed 0's held-out score after SFT 1000 read 0.53; on the leak-free split it is 0.20 (0.45 after SFT 2000,
+# 0.84 after 3000). The config was kept as chosen, not re-tuned on the rerun's results.
 # Held-out pass@1 over 128 eval prompts, greedy and sampled (4 per prompt).
 def _base(**changes) -> RLConfig:
     return RLConfig(
@@ -64,6 +66,23 @@ def smoke() -> list[Arm]:
     return [Arm(a.name, a.config.replace(**tiny), a.note) for a in mini()]
 
 
+# The arithmetic arms stand in for S3's math-reasoning runs (a 1.5B reasoning model stable over 20,000
+# updates with aligned kernels; the standard-kernel comparison's online AIME24 pass@1), not for the
+# Qwen3-4B tool-use run the tools arm stands in for. S3 names neither that model nor its hardware or
+# trainer: the checkpoint below is our choice for the dry-run scripts, and so marked.
+_MATH_ARMS = ("aligned_lag0", "default_lag0", "aligned_lag8", "aligned", "default")
+_MATH_REASONING = FullScale(
+    model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+    rollout_engine="vllm",
+    trainer="megatron",
+    gpus=None,
+    nodes=1,
+    updates=20000,
+    env="math reasoning (online AIME24 pass@1)",
+    source="S3",
+    assumed=("model", "nodes", "trainer"),
+)
+
 EXPERIMENT = Experiment(
     name="reinforce_zero_lag64",
     claim="aligned kernels + unclipped IS keep async RL stable at lag 64",
@@ -83,4 +102,5 @@ EXPERIMENT = Experiment(
         assumed=("gpus", "nodes"),
         extra={"throughput_run": {"gpus": 16, "updates": 12000, "hours_async": 68.55, "hours_sync": 164.77}},
     ),
+    full_by_arm=dict.fromkeys(_MATH_ARMS, _MATH_REASONING),
 )

@@ -11,3 +11,19 @@ def test_bad_results_dir_is_one_line_and_exit_two(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("reinforce_zero_lag64/figures.py: ") and "published" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_curves_name_the_steps_they_cannot_draw(tmp_path):
+    # an inf step (a token the trainer gives probability 0) was dropped from the curve without a word
+    import math
+
+    from audit_helpers import write_run
+
+    from zeromismatch.audit.figures import _curve_frame
+    from zeromismatch.audit.runs import DataDir
+
+    records = [{"step": i, "k3_kl": 1e-9} for i in range(5)]
+    records[3]["k3_kl"] = math.inf
+    run = write_run(tmp_path, "x", "mini", "default", records=records)
+    drawn, nonfinite = _curve_frame([("default", DataDir(tmp_path, run))])
+    assert len(drawn) == 4 and nonfinite["step"].tolist() == [3]

@@ -11,18 +11,43 @@ from zeromismatch.audit.benchmarks import PRESET_ROLLOUTS, SECTIONS, benchmark_l
 from zeromismatch.audit.learnability import expected_runs, learnability_lines, missing_runs
 
 
-def _learnability_run(root, case: str, seed: int) -> None:
+def _learnability_run(root, case: str, seed: int, steps: int = 10, commit: str | None = None,
+                      k3_max: float = 0.0) -> None:  # fmt: skip
     run = root / "reproduced" / "learnability" / case / f"seed{seed}"
     run.mkdir(parents=True)
     summary = {
         "eval_pass_at_1_before": 0.1, "eval_pass_at_1_after": 0.2,
         "eval_sampled_pass_at_1_before": 0.1, "eval_sampled_pass_at_1_after": 0.2,
-        "reward_mean_first_fifth": 0.1, "reward_mean_last_fifth": 0.2, "k3_kl_max_over_steps": 0.0,
+        "reward_mean_first_fifth": 0.1, "reward_mean_last_fifth": 0.2, "k3_kl_max_over_steps": k3_max,
     }  # fmt: skip
     (run / "summary.json").write_text(json.dumps(summary))
-    config = {"env": "tools", "model": "tiny-qwen3", "lag": 0, "kernels": "aligned", "steps": 10}
+    config = {"env": "tools", "model": "tiny-qwen3", "lag": 0, "kernels": "aligned", "steps": steps}
     config["seed"] = seed
     (run / "config.json").write_text(json.dumps(config))
+    if commit is not None:
+        (run / "provenance.json").write_text(json.dumps({"git_commit": commit}))
+
+
+def test_seeds_of_different_configs_or_commits_are_not_averaged_into_a_verdict(tmp_path):
+    # a re-run in progress left seeds of two commits (and configs) in one case: their mean is no result
+    expected = {"alpha": (0, 1, 2), "beta": (0, 1, 2), "gamma": (0, 1, 2)}
+    for seed in (0, 1, 2):
+        _learnability_run(tmp_path, "alpha", seed, commit="a" * 40)
+        _learnability_run(tmp_path, "beta", seed, commit="a" * 40 if seed else "b" * 40)
+        _learnability_run(tmp_path, "gamma", seed, steps=7 if seed == 2 else 10, commit="a" * 40,
+                          k3_max=float("nan") if seed == 1 else 0.0)  # fmt: skip
+    lines = learnability_lines(tmp_path, expected)
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
+    assert rows["alpha"].endswith("| aaaaaaa | yes |")
+    assert rows["beta"].endswith("| aaaaaaa, bbbbbbb | mixed runs: seeds differ in config or commit |")
+    assert "mixed runs" in rows["gamma"] and "| nan |" in rows["gamma"]  # NaN wins the maximum
+
+
+def test_learns_needs_a_majority_of_the_suites_seeds_not_of_the_finished_ones(tmp_path):
+    _learnability_run(tmp_path, "alpha", 0, commit="a" * 40)
+    lines = learnability_lines(tmp_path, {"alpha": (0, 1, 2)})
+    line = next(line for line in lines if line.startswith("| alpha"))
+    assert line.endswith("| no |")
 
 
 def test_every_absent_benchmark_file_is_a_not_run_line(tmp_path):

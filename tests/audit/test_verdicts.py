@@ -315,3 +315,54 @@ def test_effect_size_factor_needs_a_clear_effect_not_a_bare_inequality(results, 
         assert "2 x aligned, largest peak/median = 30" in verdict.reason
     # the measured values are the files' values, never the scaled threshold
     assert [m.value for m in verdict.measured if m.passed is not None] == [default_peak, 15.0]
+
+
+def test_one_infinite_step_cannot_decide_a_trend_and_an_infinite_max_still_counts(results):
+    # The learner writes inf for a step where the trainer gives a sampled token probability 0. A mean
+    # over such a step used to decide "KL grows" on its own (found by review); an extreme over it is
+    # honestly inf, so the inverse "default diff_max > 0" still holds.
+    records = deepseek_records(120, aligned_zero=True)
+    for record in records:
+        record["default.k3_kl"] = 1e-4  # flat: the KL does not grow
+    records[-1]["default.k3_kl"] = math.inf
+    records[-1]["default.diff_max"] = math.inf
+    write_run(results, EXP, "mini", "run-a", records=records)
+    v = _verdicts(results, EXP)
+    kl = v["S1-dsv4base-kl-2e-3-to-29.9"]
+    assert kl.verdict == NOT_REPRODUCED and "cannot be decided on non-finite values" in kl.reason
+    assert "1 of 12 step values non-finite" in kl.reason
+    assert v["S1-dsv4-zero-diff-every-step"].verdict == REPRODUCED_EXACT  # its inverse reads max: inf > 0
+
+
+def test_arms_from_different_commits_are_not_compared(results):
+    # a re-run of one arm at a new commit next to a stale one: the code between may change what a
+    # metric means, so the claim is not judged until the arms are rerun together
+    records = deepseek_records(120)
+    commits = {"aligned": "a" * 40, "default": "b" * 40}
+    for arm, commit in commits.items():
+        provenance = {"git_commit": commit}
+        write_run(results, EXP, "mini", arm, records=_unprefixed(records, arm), provenance=provenance)
+    zero = _verdicts(results, EXP)["S1-dsv4-zero-diff-every-step"]
+    assert zero.verdict == NOT_RUN and "2 commits (aaaaaaa, bbbbbbb)" in zero.reason
+    assert "--force" in zero.reason
+
+
+def test_a_value_a_postprocess_wrote_at_another_commit_is_not_compared(tmp_path, results):
+    # add_to_summary records who computed a derived value; a postprocess at a later commit (or over
+    # an input run of another commit) used to be cited with the arm's own commit
+    from zeromismatch.expt.spec import add_to_summary
+
+    before, after = {"eval_pass_at_1_before": 0.4}, {"aligned": 0.45, "default": 0.2}
+    claim, provenance = "S3-default-aime24-34.27-to-13.96", {"git_commit": "a" * 40}
+    runs = {
+        arm: write_run(results, "reinforce_zero_lag64", "mini", arm,
+                       summary={**before, "eval_pass_at_1_after": after[arm]}, provenance=provenance)
+        for arm in ("aligned", "default")
+    }  # fmt: skip
+    assert _verdicts(results, "reinforce_zero_lag64")[claim].verdict == REPRODUCED_DIRECTION
+    add_to_summary(runs["default"], {"eval_pass_at_1_after": 0.2}, inputs=(runs["aligned"],))
+    summary = json.loads((runs["default"] / "summary.json").read_text())
+    record = summary["derived_provenance"]["eval_pass_at_1_after"]
+    assert record["inputs"] == {"aligned": "a" * 40} and record["git_commit"] not in ("", "a" * 40)
+    aime = _verdicts(results, "reinforce_zero_lag64")[claim]
+    assert aime.verdict == NOT_RUN and "2 commits" in aime.reason  # this checkout's commit is not "aaa..."

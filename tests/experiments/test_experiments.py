@@ -117,7 +117,7 @@ def test_full_scale_keeps_the_lag_of_non_headline_arms(tmp_path):
                    out_root=tmp_path)  # fmt: skip
     folder = tmp_path / "full" / "reinforce_zero_lag64"
     assert json.loads((folder / "aligned_lag8.resolved.json").read_text())["config"]["lag"] == 8
-    assert json.loads((folder / "aligned.resolved.json").read_text())["config"]["lag"] == experiment.full.lag
+    assert json.loads((folder / "aligned.resolved.json").read_text())["config"]["lag"] == 64
 
 
 def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting():
@@ -138,7 +138,8 @@ def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting
             assert not set(config) & set(dropped)
             assert "max_new_tokens" in dropped and "env_options" in dropped and "sft_steps" in dropped
             assert config["kernels"] == minis[arm].kernels
-            assert config["model"] == experiment.full.model and config["steps"] == experiment.full.updates
+            full = experiment.full_for(arm)
+            assert config["model"] == full.model and config["steps"] == full.updates
 
 
 def test_full_scale_config_says_where_each_value_comes_from():
@@ -154,8 +155,25 @@ def test_full_scale_config_says_where_each_value_comes_from():
     assert deepseek["quant"] == "assumed"
     assert deepseek["dtype"] == "mini arm" and deepseek["algo"] == "mini arm"
     lag64 = full_scale_configs(load("reinforce_zero_lag64"))
-    assert lag64["aligned"]["source_of"]["lag"] == "source S3"
+    assert lag64["tools_aligned"]["source_of"]["lag"] == "source S3"  # S3: lag 64 in agentic tool use
+    # S3 states no lag for its math comparison: the arithmetic arms keep the mini design's lags
+    assert lag64["aligned"]["source_of"]["lag"] == "mini arm" and lag64["aligned"]["config"]["lag"] == 64
     assert lag64["aligned_lag8"]["source_of"]["lag"] == "mini arm"  # an ablation keeps its own lag
+
+
+def test_arms_of_another_published_run_resolve_to_that_run():
+    # the arithmetic arms stand in for S3's math-reasoning runs, the tools arm for the Qwen3-4B tool-use run
+    # (every arm used to resolve to Qwen3-4B with Python tools)
+    from zeromismatch.expt.runner import full_scale_configs
+
+    experiment = load("reinforce_zero_lag64")
+    resolved = full_scale_configs(experiment)
+    tools, math = resolved["tools_aligned"], resolved["default"]
+    assert tools["config"]["model"] == "Qwen/Qwen3-4B" and tools["source_of"]["model"] == "source S3"
+    assert tools["config"]["steps"] == 5000 and tools["config"]["context_tokens"] == 16384
+    assert math["config"]["model"] != "Qwen/Qwen3-4B" and math["source_of"]["model"] == "assumed"
+    assert math["config"]["steps"] == 20000 and math["source_of"]["steps"] == "source S3"
+    assert "math" in math["config"]["env"] and math["published"]["model"] == math["config"]["model"]
 
 
 def test_full_scale_without_backend_refuses_to_submit_or_to_succeed(tmp_path, monkeypatch):

@@ -88,7 +88,9 @@ def test_full_precision_is_a_quant_for_weight_formats_and_a_dtype_otherwise():
     deepseek = runner.full_scale_configs(load("deepseek_v4_flash_100steps"))
     assert {resolved["config"]["quant"] for resolved in deepseek.values()} == {"fp8"}
     experiment = load("reinforce_zero_lag64")
-    bf16 = dataclasses.replace(experiment, full=dataclasses.replace(experiment.full, precision="bfloat16"))
+    bf16 = dataclasses.replace(
+        experiment, full=dataclasses.replace(experiment.full, precision="bfloat16"), full_by_arm={}
+    )
     assert {r["config"]["dtype"] for r in runner.full_scale_configs(bf16).values()} == {"bfloat16"}
     bad = dataclasses.replace(experiment, full=dataclasses.replace(experiment.full, precision="int3"))
     with pytest.raises(ValueError, match="reinforce_zero_lag64: FullScale.precision 'int3'"):

@@ -103,6 +103,7 @@ def test_a_sampled_token_the_trainer_gives_probability_zero_is_an_infinite_diff(
     stats = learner.rl_step(episodes, None)
     assert stats["kernel_out_of_support_tokens"] == 1 and stats["lag_out_of_support_tokens"] == 0
     assert stats["diff_max"] == math.inf and stats["k3_kl"] == math.inf
+    assert stats["gap_kernel_abs_max"] == math.inf  # the decomposition's kernel term says so too
     record = dict(stats, reward_mean=0.5, time_rollout_s=0.0, time_learner_s=0.0)
     evaluation = {"eval_pass_at_1": 0.0}
     assert summarize([record], "hash", evaluation, evaluation, [])["steps_with_zero_mismatch"] == 0

@@ -134,7 +134,8 @@ def _async(data: Node, source: str) -> list[str]:
         f"### Async ÷ sync learner throughput (`{source}`{_commit(data)})",
         "",
         f"Measured {data['async_over_sync'].number():.2f}× at lag {data.get('lag', '?').scalar()} "
-        f"(target {ASYNC_TARGET}×; published 2.40× on 16 GPUs).",
+        f"(target {ASYNC_TARGET}×; the published ratio is claim `S3-async-throughput-2.40x` in the Claims "
+        "section, read from `results/published/`).",
     ]
     if data.has("async_audited_over_sync"):
         lines.append(

@@ -185,7 +185,7 @@ def _curve_frame(sources: list[tuple[str, DataDir]]):
     import pandas as pd
 
     family_of = {name: title for title, names in CURVE_FAMILIES for name in names}
-    rows = []
+    rows, nonfinite = [], []
     for label, data in sources:
         for index, record in enumerate(data.records):
             step = record.get("step", index)
@@ -196,31 +196,43 @@ def _curve_frame(sources: list[tuple[str, DataDir]]):
                     continue
                 arm, _, base = key.rpartition(".")
                 arm = arm or str(record.get("arm", ""))
-                if base in family_of and math.isfinite(value):
+                if base in family_of:
                     series = f"{label}:{arm}" if arm else label
-                    rows.append((step, float(value), base, series, family_of[base]))
-    return pd.DataFrame(rows, columns=["step", "value", "metric", "series", "family"])
+                    # a line cannot show inf or NaN: counted here and named on the panel instead
+                    target = rows if math.isfinite(value) else nonfinite
+                    target.append((step, float(value), base, series, family_of[base]))
+    columns = ["step", "value", "metric", "series", "family"]
+    return pd.DataFrame(rows, columns=columns), pd.DataFrame(nonfinite, columns=columns)
 
 
 def training_curves(plt, sns, title: str, sources: list[tuple[str, DataDir]], out: Path) -> bool:
-    frame = _curve_frame(sources)
-    if frame.empty:
+    frame, nonfinite = _curve_frame(sources)
+    if frame.empty and nonfinite.empty:
         return False
-    families = [name for name, _ in CURVE_FAMILIES if name in set(frame["family"])]
+    families = [name for name, _ in CURVE_FAMILIES if name in set(frame["family"]) | set(nonfinite["family"])]
     cols = min(3, len(families))
     nrows = math.ceil(len(families) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols, 3.1 * nrows), squeeze=False)
     for ax, family in zip(axes.flat, families):
         part = frame[frame["family"] == family]
         style = "metric" if part["metric"].nunique() > 1 else None
-        sns.lineplot(
-            data=part, x="step", y="value", hue="series", style=style, ax=ax, errorbar=None, linewidth=1.2
-        )
+        if not part.empty:
+            sns.lineplot(
+                data=part, x="step", y="value", hue="series", style=style, ax=ax, errorbar=None, linewidth=1.2
+            )
         positive = part["value"][part["value"] > 0]
         if len(positive) and positive.max() / positive.min() > 1e3:
             ax.set_yscale("symlog", linthresh=float(positive.min()))
         ax.set_title(family, fontsize=9)
-        ax.legend(fontsize=6)
+        if not part.empty:
+            ax.legend(fontsize=6)
+        missing = nonfinite[nonfinite["family"] == family]
+        if not missing.empty:
+            counts = missing.groupby(["series", "metric"]).size()
+            text = "not drawn (non-finite):\n" + "\n".join(
+                f"{series} {metric}: {count} steps" for (series, metric), count in counts.items()
+            )
+            ax.text(0.01, 0.99, text, transform=ax.transAxes, fontsize=5, va="top", color="crimson")
     for ax in list(axes.flat)[len(families) :]:
         ax.set_axis_off()
     fig.suptitle(title, fontsize=10)

@@ -12,6 +12,8 @@ naming it. Directories starting with ``.`` (runs in progress) are skipped.
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 from .inputs import Node
@@ -43,6 +45,13 @@ def _run(summary_path: Path, config_path: Path) -> dict:
     run["config"] = {key: config[key].text() for key in ("env", "model", "kernels")}
     run["config"].update({key: config[key].integer() for key in ("lag", "steps")})
     run["seed"] = config["seed"].integer()
+    # everything but the seed: a case's seeds must be one set-up to be averaged as one
+    run["setup"] = json.dumps({k: v for k, v in config.obj().items() if k != "seed"}, sort_keys=True)
+    provenance = summary_path.parent / "provenance.json"
+    commit = None
+    if provenance.is_file():
+        commit = Node.load(provenance, "learnability provenance").obj().get("git_commit")
+    run["commit"] = str(commit)[:7] if commit else "unknown"
     return run
 
 
@@ -97,8 +106,13 @@ def _before_after(runs: list[dict], before: str, after: str) -> list[tuple[float
     return [(run[before], run[after]) for run in runs]
 
 
-def case_rows(root: Path) -> list[dict]:
-    """One dict per case with its numbers: before/after pairs per seed (in seed order) and their means."""
+def case_rows(root: Path, expected: dict[str, tuple[int, ...]] | None = None) -> list[dict]:
+    """One dict per case with its numbers: before/after pairs per seed (in seed order) and their means.
+
+    ``learns`` is True/False only when every seed ran one set-up at one commit: "mixed" when the seeds'
+    configs (seed aside) or commits differ (a re-run in progress, or a stale seed), since their mean
+    would average two experiments; the majority counts the suite's seeds (``expected``), not only the
+    finished ones."""
     suite = root.joinpath(*SUITE)
     if not suite.is_dir():
         return []
@@ -110,6 +124,12 @@ def case_rows(root: Path) -> list[dict]:
         sampled = _before_after(runs, *SAMPLED)
         raised = sum(after > before for before, after in sampled)
         config = runs[0]["config"]
+        seeds_expected = len((expected or {}).get(case_dir.name, runs))
+        commits = sorted({run["commit"] for run in runs})
+        uniform = len({run["setup"] for run in runs}) == 1 and len(commits) == 1
+        learns = (
+            _mean([a for _, a in sampled]) > _mean([b for b, _ in sampled]) and 2 * raised > seeds_expected
+        )
         rows.append(
             {
                 "case": case_dir.name,
@@ -119,12 +139,23 @@ def case_rows(root: Path) -> list[dict]:
                 "sampled": sampled,
                 "train_reward": _before_after(runs, "reward_mean_first_fifth", "reward_mean_last_fifth"),
                 "raised_in": raised,
-                "learns": _mean([a for _, a in sampled]) > _mean([b for b, _ in sampled])
-                and 2 * raised > len(runs),
-                "k3_kl_max": max(run["k3_kl_max_over_steps"] for run in runs),
+                "learns": learns if uniform else "mixed",
+                "commits": commits,
+                # NaN in any seed wins (Python's max keeps a NaN only when it comes first)
+                "k3_kl_max": _max_nan_wins([run["k3_kl_max_over_steps"] for run in runs]),
             }
         )
     return sorted(rows, key=lambda row: (row["env"], row["lag"], row["case"]))
+
+
+def _max_nan_wins(values: list[float]) -> float:
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
+def _learns_text(learns) -> str:
+    if learns == "mixed":
+        return "mixed runs: seeds differ in config or commit"
+    return "yes" if learns else "no"
 
 
 def _means(pairs: list[tuple[float, float]]) -> str:
@@ -154,7 +185,7 @@ def learnability_lines(root: Path, expected: dict[str, tuple[int, ...]] | None =
     """The section's Markdown: one row per case with runs, then a "not run" line per gap in the suite.
     ``expected`` (case -> seeds) defaults to the suite in :mod:`zeromismatch.expt.learnability`."""
     expected = expected_runs() if expected is None else expected
-    rows = case_rows(Path(root))
+    rows = case_rows(Path(root), expected)
     gaps = missing_runs(Path(root), expected)
     if not rows:
         if not expected:
@@ -167,19 +198,20 @@ def learnability_lines(root: Path, expected: dict[str, tuple[int, ...]] | None =
         "SFT warm start, then REINFORCE Zero; held-out pass@1 on the env's eval split before → after RL "
         "(`results/reproduced/learnability/`, `scripts/learnability.py`). Sampled = the c/n estimate at the "
         "training temperature; train reward = mean episode reward over the first → last fifth of RL steps. "
-        "*Learns* = mean sampled pass@1 rose and rose in a majority of seeds.",
+        "*Learns* = mean sampled pass@1 rose and rose in a majority of the suite's seeds; only decided "
+        "when every seed ran one config at one commit.",
         "",
         "| case | env | model | lag | RL steps | seeds | greedy pass@1 | sampled pass@1 | sampled, per seed "
-        "| raised in | train reward | k3 KL max | learns |",
-        "|---|---|---|---:|---:|---|---|---|---|---:|---|---:|---|",
+        "| raised in | train reward | k3 KL max | commit | learns |",
+        "|---|---|---|---:|---:|---|---|---|---|---:|---|---:|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['env']} | {r['model']} | {r['lag']} | {r['steps']} | "
             f"{','.join(map(str, r['seeds']))} | {_means(r['greedy'])} | {_means(r['sampled'])} | "
             f"{_per_seed(r['sampled'])} | {r['raised_in']}/{len(r['seeds'])} | {_means(r['train_reward'])} | "
-            f"{r['k3_kl_max']:.1e} | "
-            f"{'yes' if r['learns'] else 'no'} |"
+            f"{r['k3_kl_max']:.1e} | {', '.join(r['commits'])} | "
+            f"{_learns_text(r['learns'])} |"
         )
     if gaps:
         lines += ["", *_not_run_lines(gaps, expected)]

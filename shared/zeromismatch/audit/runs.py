@@ -289,6 +289,9 @@ class Resolved:
     steps: int | None = None  # how many step records fed it (metric operands)
     missing: int = 0  # agg 'all': steps whose value is null or absent (each one fails "every step")
     samples: list[float] | None = None  # agg mean/head_mean/tail_mean: the per-step values averaged
+    nonfinite: int = 0  # step values the aggregate read that make it meaningless (NaN; inf unless max/min)
+    aggregated: int = 0  # how many step values the aggregate read
+    commits: set[str] = field(default_factory=set)  # commits of a derived value (add_to_summary)
     source: str = ""  # e.g. "reproduced/x/mini/r/metrics.jsonl default.k3_kl tail_mean of 12 of 120 steps"
     data: DataDir | None = None
 
@@ -324,6 +327,15 @@ def _aggregate(values: list[float], agg: str, window: float) -> float:
         return float(np.mean(part))
     reducer = {"min": np.min, "max": np.max, "mean": np.mean, "median": np.median}[agg]
     return float(reducer(array))
+
+
+def _read_by(values: list[float], agg: str, window: float) -> list[float]:
+    """The step values an aggregate's result depends on."""
+    if agg == "first":
+        return values[:1]
+    if agg == "last":
+        return values[-1:]
+    return _averaged(values, agg, window) or list(values)
 
 
 def _averaged(values: list[float], agg: str, window: float) -> list[float] | None:
@@ -368,7 +380,14 @@ def _resolve_summary(operand: dict, run: Run, label: str) -> Resolved:
             value = lookup_key(data.summary, name, f"summary.json {data.path / 'summary.json'}")
         except MissingData:
             continue
-        return Resolved(label, value, source=f"{data.rel}summary.json {name}", data=data)
+        resolved = Resolved(label, value, source=f"{data.rel}summary.json {name}", data=data)
+        derived = data.summary.get("derived_provenance") if isinstance(data.summary, dict) else None
+        record = derived.get(name) if isinstance(derived, dict) else None
+        if isinstance(record, dict):
+            # a postprocess wrote this value: the commits that computed it and its inputs count too
+            inputs = record.get("inputs") if isinstance(record.get("inputs"), dict) else {}
+            resolved.commits = {str(c) for c in (record.get("git_commit"), *inputs.values()) if c}
+        return resolved
     raise MissingData(f"{run.rel} records no summary key {(arm + '.') if arm else ''}{key}")
 
 
@@ -392,6 +411,14 @@ def _resolve_metric(operand: dict, run: Run, label: str) -> Resolved:
         else:
             resolved = Resolved(label, _aggregate(values, agg, window), steps=len(values), data=data)
             resolved.samples = _averaged(values, agg, window)
+            if agg not in ("count", "count_nonfinite"):
+                # An extreme over an inf step is honestly inf (an infinite mismatch is the largest);
+                # a mean, median or single step over one is not a level of the curve. NaN (nothing
+                # measured at that step) decides nothing under any aggregate.
+                read = _read_by(values, agg, window)
+                unusable = math.isnan if agg in ("max", "min") else (lambda v: not math.isfinite(v))
+                resolved.aggregated = len(read)
+                resolved.nonfinite = sum(1 for v in read if unusable(v))
         resolved.source = f"{data.rel}metrics.jsonl {name} {detail}"
         return resolved
     raise MissingData(f"{run.rel} has no metrics series {(arm + '.') if arm else ''}{metric}")

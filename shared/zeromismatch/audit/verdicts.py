@@ -130,6 +130,8 @@ def welch_z(lhs: Resolved, rhs: Resolved, factor: float, op: str, min_z: float) 
     left, right = lhs.samples or [], rhs.samples or []
     if len(left) < 2 or len(right) < 2:
         return None, f"z undefined: needs at least 2 steps on each side, has {len(left)} and {len(right)}"
+    if not all(math.isfinite(v) for v in (*left, *right)):
+        return None, "z undefined: non-finite step values (no standard error exists)"
     sign = 1.0 if op in (">", ">=") else -1.0
     difference = sign * (lhs.value - factor * rhs.value)
     variance = np.var(left, ddof=1) / len(left) + factor**2 * np.var(right, ddof=1) / len(right)
@@ -143,6 +145,21 @@ def welch_z(lhs: Resolved, rhs: Resolved, factor: float, op: str, min_z: float) 
         f"(Welch, {len(left)} vs {len(right)} steps as samples); needs z >= {min_z:g}"
     )
     return z, text
+
+
+def _nonfinite_reason(lhs: Resolved, rhs: Resolved | None) -> str | None:
+    """Why a check's operands cannot decide it (``Resolved.nonfinite`` step values, a NaN), or None."""
+    parts = []
+    for side in (lhs, rhs):
+        if side is None:
+            continue
+        if side.nonfinite:
+            parts.append(f"{side.label}: {side.nonfinite} of {side.aggregated} step values non-finite")
+        elif side.value is not None and math.isnan(side.value):
+            parts.append(f"{side.label} = nan")
+    if not parts:
+        return None
+    return "cannot be decided on non-finite values (" + "; ".join(parts) + ")"
 
 
 @dataclass
@@ -166,9 +183,12 @@ def _judge(claim: dict, resolve) -> _Judged:
         got: Resolved = resolve(operand)
         if got.values is not None:
             nonzero = sum(1 for v in got.values if not v == 0.0)
+            nonfinite = sum(1 for v in got.values if not math.isfinite(v))
             ok = nonzero == 0 and got.missing == 0
             steps = got.steps if steps is None else min(steps, got.steps or 0)
             text = f"max |value| {_fmt(got.value)} over {got.steps} steps; {nonzero} steps nonzero"
+            if nonfinite:
+                text += f" ({nonfinite} of them non-finite)"
             if got.missing:
                 text += f"; {got.missing} steps recorded null or missing"
             if not ok:
@@ -197,7 +217,13 @@ def _judge(claim: dict, resolve) -> _Judged:
             rhs = None
             rhs_value, rhs_label = float(check["rhs"]), _fmt(float(check["rhs"]))
         ok = lhs.value is not None and rhs_value is not None and bool(_OPS[check["op"]](lhs.value, rhs_value))
-        if not ok:
+        # an inf step (a token the trainer gives probability 0) or a NaN one makes any mean or extreme
+        # over it inf or NaN, which would decide a comparison on its own, whatever the curve does
+        unusable = _nonfinite_reason(lhs, rhs)
+        if unusable:
+            ok = False
+            failures.append(f"{check['label']}: {unusable}")
+        elif not ok:
             failures.append(
                 f"{check['label']}: {lhs.label} = {_fmt(lhs.value)} is not {check['op']} "
                 f"{rhs_label} = {_fmt(rhs_value)}"
@@ -208,7 +234,8 @@ def _judge(claim: dict, resolve) -> _Judged:
             clear = z is not None and z >= check["min_z"]
             z_entry = Measured(f"z, {check['label']}", z, text, None)
             if not ok:
-                failures[-1] += f" ({text})"
+                if not unusable:
+                    failures[-1] += f" ({text})"
             elif not clear:
                 failures.append(f"{check['label']}: the difference is within noise ({text})")
             else:
@@ -283,8 +310,22 @@ def evaluate_claim(claim: dict, results_root: Path, run_cache: dict | None = Non
         except MissingData as missing:
             lacking.append(str(missing))
             continue
+        data_commits = {
+            str(r.data.provenance.get("git_commit"))
+            for r in used
+            if r.data is not None and r.data.provenance and r.data.provenance.get("git_commit")
+        }
+        all_commits = sorted(data_commits.union(*(r.commits for r in used)))
         judged = _judge(claim, lambda op, run=run: resolve_operand(op, run=run))
         base.verdict, base.reason = _verdict_from(claim, judged)
+        if len(all_commits) > 1:
+            # arms (or a postprocess over them) from different commits: a re-run in progress or a stale
+            # arm; the code between them may have changed what a metric means
+            base.verdict = NOT_RUN
+            base.reason = (
+                f"its data come from {len(all_commits)} commits ({', '.join(c[:7] for c in all_commits)}); "
+                f"rerun the arms together: {test['command']} --force"
+            )
         base.measured, base.speed_ratio = judged.measured, judged.speed_ratio
         base.run, base.scale = run.rel, run.scale
         counted = [r.steps for r in used if r.steps is not None]

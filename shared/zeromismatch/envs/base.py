@@ -84,7 +84,7 @@ class Env(ABC):
 
     name: str = "env"
     max_turns: int = 1
-    #: one task in ``eval_modulus`` (by prompt hash) belongs to the eval split
+    #: one split key in ``eval_modulus`` (by its hash) belongs to the eval split
     eval_modulus: int = 5
 
     def __init__(self) -> None:

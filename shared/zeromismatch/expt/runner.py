@@ -61,10 +61,10 @@ ARM_CHOICE_FIELDS = (
 PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor")  # set from FullScale below
 
 
-def _precision_fields(experiment: Experiment, mini: dict) -> dict[str, str]:
+def _precision_fields(experiment: Experiment, full: FullScale, mini: dict) -> dict[str, str]:
     """``dtype`` and ``quant`` from ``FullScale.precision``: a weight format ("fp8", "nvfp4") is a
     quantization on top of the arm's dtype, a dtype name replaces the dtype, anything else is an error."""
-    precision = experiment.full.precision
+    precision = full.precision
     if precision is None:
         return {"dtype": mini["dtype"], "quant": mini["quant"]}
     if precision in QUANTS:
@@ -80,17 +80,20 @@ def _precision_fields(experiment: Experiment, mini: dict) -> dict[str, str]:
 def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
     """The resolved full-scale config of every arm: the mini arm's choices (``ARM_CHOICE_FIELDS``) on the
     published model, env, engine, trainer and scale; the mini-only settings are named, not carried."""
-    full = experiment.full
     mini_arms = experiment.arms_for("mini")
+    unknown = sorted(set(experiment.full_by_arm) - {arm.name for arm in mini_arms})
+    if unknown:
+        raise ValueError(f"{experiment.name}: full_by_arm names no mini arm: {unknown}")
     # Only the headline arms (the mini scale's largest lag stands in for the published lag) take the
     # published lag; a lag-8 ablation stays at lag 8.
     headline_lag = max(arm.config.lag for arm in mini_arms)
     configs = {}
     for arm in mini_arms:
+        full = experiment.full_for(arm.name)
         mini = arm.config.to_dict()
         config = {key: mini[key] for key in ARM_CHOICE_FIELDS}
         config.update(
-            model=full.model, env=full.env, steps=full.updates, **_precision_fields(experiment, mini),
+            model=full.model, env=full.env, steps=full.updates, **_precision_fields(experiment, full, mini),
             executor="ray", rollout_engine=full.rollout_engine, trainer=full.trainer,
             context_tokens=full.context_tokens,
         )  # fmt: skip
@@ -274,7 +277,7 @@ def _full(
         atomic_write_json(folder / f"{name}.resolved.json", resolved)
         result = submit(
             run_full_arm, experiment.name, resolved, cluster="slurm", profile=profile,
-            folder=folder, job_name=f"{experiment.name}.{name}", nodes=experiment.full.nodes,
+            folder=folder, job_name=f"{experiment.name}.{name}", nodes=experiment.full_for(name).nodes,
             ray=True, dry_run=dry_run,
         )  # fmt: skip
         out[name] = {"dry_run": dry_run, "folder": str(folder), "result": str(result)}

@@ -49,6 +49,13 @@ class Experiment:
     full: FullScale
     # derive cross-arm results once every arm of a scale has run: f(scale_dir) -> None
     postprocess: Callable[[Path], None] | None = None
+    # arms whose published counterpart is another run of the source (another model, env or scale):
+    # mini arm name -> that run's set-up; every other arm uses ``full``
+    full_by_arm: dict[str, FullScale] = field(default_factory=dict)
+
+    def full_for(self, arm_name: str) -> FullScale:
+        """The published set-up a mini arm stands in for."""
+        return self.full_by_arm.get(arm_name, self.full)
 
     def arms_for(self, scale: str) -> list[Arm]:
         if scale not in SCALES:
@@ -78,13 +85,26 @@ def tail_mean(records: list[dict], key: str, fraction: float = 0.2) -> float:
     return sum(tail) / len(tail)
 
 
-def add_to_summary(run_dir: Path, values: dict) -> None:
-    """Merge derived values into a finished run's summary.json (atomically)."""
+def add_to_summary(run_dir: Path, values: dict, inputs: tuple[Path, ...] = ()) -> None:
+    """Merge derived values into a finished run's summary.json (atomically), with their provenance.
+
+    A postprocess may run at a later commit than the run it writes into, and may read other runs:
+    ``summary["derived_provenance"][key]`` records the commit that computed each value and the
+    commit of every input run (``inputs``: run directories), so the audit can tell whether the
+    numbers it compares come from one commit."""
     import json
 
+    from .._provenance import git_commit
     from ..io import atomic_write_json
+
+    def commit_of(directory: Path) -> str | None:
+        provenance = directory / "provenance.json"
+        return json.loads(provenance.read_text()).get("git_commit") if provenance.is_file() else None
 
     path = run_dir / "summary.json"
     summary = json.loads(path.read_text())
     summary.update(values)
+    record = {"git_commit": git_commit(), "inputs": {str(p.name): commit_of(p) for p in inputs}}
+    derived = summary.setdefault("derived_provenance", {})
+    derived.update(dict.fromkeys(values, record))
     atomic_write_json(path, summary)

@@ -210,16 +210,19 @@ class Learner:
             kernel = mismatch.logprob_diff_stats(rollout[kernel_tokens], then[kernel_tokens])
             stats.update({f"kernel_{k}": v for k, v in kernel.items()})
             stats.update({k: kernel[k] for k in ("diff_max", "diff_mean", "diff_std", "k3_kl")})
+        if bool(both.any()):
+            stats.update(mismatch.is_weight_stats(learner.detach()[both], rollout[both]))
+            gap = mismatch.decompose_logprob_gap(learner.detach()[both], then[both], rollout[both])
+            stats.update({f"gap_{k}": v for k, v in gap.stats().items()})
         if kernel_out_of_support:
             # The engine sampled a token the trainer, at the same weights, gives probability 0: its
             # diff is infinite (dropping it used to report such a step as an exact zero).
             infinite = {"diff_max": math.inf, "diff_mean": math.inf, "diff_std": math.nan, "k3_kl": math.inf}
             stats.update(infinite)
             stats.update({f"kernel_{k}": v for k, v in infinite.items()}, kernel_identical=False)
-        if bool(both.any()):
-            stats.update(mismatch.is_weight_stats(learner.detach()[both], rollout[both]))
-            gap = mismatch.decompose_logprob_gap(learner.detach()[both], then[both], rollout[both])
-            stats.update({f"gap_{k}": v for k, v in gap.stats().items()})
+            # the decomposition's kernel term too: it is computed on finite tokens only, and a zero
+            # there must not read as "no kernel mismatch" (S3's kernel-term claim reads it)
+            stats.update(gap_kernel_abs_max=math.inf, gap_kernel_abs_mean=math.inf, gap_kernel_mean=-math.inf)
         lag = mismatch.lag_stats(versions[mask], self.version - 1)
         stats.update({k: v for k, v in lag.items() if k.startswith("lag_")})
         stats.update({f"loss_{k}": v for k, v in out.stats.items()})

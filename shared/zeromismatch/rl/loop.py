@@ -107,9 +107,9 @@ def task_seeds_for_batch(config: RLConfig, batch_index: int) -> list[int]:
     start used. Different seeds can draw the same task, so this does NOT keep demonstrated prompts out of
     RL: where an env has few distinct train tasks most RL prompts were demonstrated (measured in session 7:
     arithmetic 90%, pipelinerl 100%, desktop 68%, osworld mini 92%; tools and code_repair 0% -- exact prompts
-    only). The train reward curves then partly measure recall. Held-out pass@1 on the eval split does not,
-    except where held-out tasks share their answer with training tasks (code_repair's buggy functions,
-    arithmetic's commuted operands: docs/learnability.md, "Held-out leakage")."""
+    only). The train reward curves then partly measure recall. Held-out pass@1 on the eval split does not:
+    no eval task shares its split key (what decides its answer) with a training task (``Env.split_key``;
+    until session 13 code_repair's fixes and arithmetic's commuted operands leaked, docs/learnability.md)."""
     start = config.sft_steps * config.sft_batch + batch_index * config.prompts_per_step
     return list(range(start, start + config.prompts_per_step))
 
