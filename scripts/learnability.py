@@ -14,6 +14,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from zeromismatch._provenance import freeze_git_state
+
+    freeze_git_state()  # an hour-long suite records the code it started with, whatever is committed meanwhile
     from zeromismatch.expt.learnability import SEEDS, cases, run_suite, select
     from zeromismatch.io import check_directory_path
 

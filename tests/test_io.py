@@ -157,3 +157,16 @@ def test_anything_else_is_a_type_error_naming_the_key_and_the_file_is_untouched(
     assert where in str(raised.value)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_a_process_reports_the_git_state_it_started_with(monkeypatch):
+    # a learnability suite ran for an hour while commits landed; its later runs recorded the new HEAD
+    # (and "-dirty") for code the process had loaded before
+    from zeromismatch import _provenance
+
+    monkeypatch.setattr(_provenance, "_PROCESS_STATE", None)
+    states = iter([("a" * 40, []), ("b" * 40 + "-dirty", [])])
+    monkeypatch.setattr(_provenance, "_local_git_state", lambda where: next(states))
+    _provenance.freeze_git_state()
+    assert _provenance.git_commit() == "a" * 40
+    assert _provenance.provenance()["git_commit"] == "a" * 40  # the checkout moved on; the process did not

@@ -27,10 +27,29 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str:
     return git_state(cwd)[0]
 
 
+_PROCESS_STATE: tuple[str, list[str] | None] | None = None
+
+
+def freeze_git_state() -> None:
+    """Take this checkout's git state now and report it for the rest of the process.
+
+    A process runs the code it imported, not what the checkout holds later: a suite that runs for an
+    hour while someone commits or edits used to record each run's commit as HEAD at that run's start
+    (a later commit, or "-dirty") for code it had loaded before. Entry points call this first; without
+    it the first call takes the snapshot."""
+    global _PROCESS_STATE
+    _PROCESS_STATE = _local_git_state(Path(__file__).resolve().parent)
+
+
 def git_state(cwd: str | os.PathLike | None = None) -> tuple[str, list[str] | None]:
-    """``(git_commit, untracked code files)``; the list is None when git could not be asked."""
-    where = Path(cwd) if cwd else Path(__file__).resolve().parent
-    local, untracked = _local_git_state(where)
+    """``(git_commit, untracked code files)``; the list is None when git could not be asked.
+    For this package's own checkout (no ``cwd``) it is the process's snapshot (``freeze_git_state``)."""
+    if cwd is None:
+        if _PROCESS_STATE is None:
+            freeze_git_state()
+        local, untracked = _PROCESS_STATE
+    else:
+        local, untracked = _local_git_state(Path(cwd))
     # a copy of the tree run elsewhere (a device or cluster job) may carry a stale or no .git: the
     # launcher can state which commit it copied; that is its claim, so the value says where it came from
     stated = os.environ.get("ZEROMISMATCH_GIT_COMMIT", "").strip()

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ._provenance import freeze_git_state
+
+    freeze_git_state()  # every record this command writes names the code it started with
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -290,6 +290,9 @@ def _full(
 
 
 def launch_main(experiment: Experiment, argv: list[str] | None = None) -> int:
+    from .._provenance import freeze_git_state
+
+    freeze_git_state()  # the arms record the code this launch started with, not later checkouts
     parser = argparse.ArgumentParser(description=f"{experiment.name}: {experiment.claim}")
     parser.add_argument("--scale", default="mini", choices=SCALES)
     parser.add_argument("--arms", default=None, help="comma-separated arm names (default: all)")
