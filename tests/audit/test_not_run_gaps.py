@@ -43,11 +43,14 @@ def test_seeds_of_different_configs_or_commits_are_not_averaged_into_a_verdict(t
     assert "mixed runs" in rows["gamma"] and "| nan |" in rows["gamma"]  # NaN wins the maximum
 
 
-def test_learns_needs_a_majority_of_the_suites_seeds_not_of_the_finished_ones(tmp_path):
+def test_learns_waits_for_the_suites_seeds_and_a_dirty_seed_is_another_commit(tmp_path):
     _learnability_run(tmp_path, "alpha", 0, commit="a" * 40)
-    lines = learnability_lines(tmp_path, {"alpha": (0, 1, 2)})
-    line = next(line for line in lines if line.startswith("| alpha"))
-    assert line.endswith("| no |")
+    for seed in (0, 1):
+        _learnability_run(tmp_path, "beta", seed, commit="a" * 40 + ("-dirty" if seed else ""))
+    lines = learnability_lines(tmp_path, {"alpha": (0, 1, 2), "beta": (0, 1)})
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
+    assert rows["alpha"].endswith("| pending: 1 of 3 seeds |")
+    assert rows["beta"].endswith("| aaaaaaa, aaaaaaa-dirty | mixed runs: seeds differ in config or commit |")
 
 
 def test_every_absent_benchmark_file_is_a_not_run_line(tmp_path):

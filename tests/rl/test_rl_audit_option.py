@@ -22,7 +22,8 @@ def test_skipping_the_audit_changes_no_weight_and_reports_nan_not_a_wrong_number
     for with_audit, without in zip(audited_records, read_metrics(tmp_path / "skipped")):
         assert with_audit["loss"] == without["loss"] and with_audit["reward_mean"] == without["reward_mean"]
         lagged = with_audit["policy_lag"] > 0
-        for key in ("diff_max", "k3_kl", "kernel_diff_max", "gap_kernel_abs_max", "entropy"):
+        unreported = ("diff_max", "k3_kl", "kernel_diff_max", "gap_kernel_abs_max", "entropy")
+        for key in (*unreported, "kernel_out_of_support_tokens"):
             assert math.isnan(without[key]) == lagged, key
             if lagged:
                 assert not math.isnan(with_audit[key]), key  # measured when audited (aligned: exactly 0)

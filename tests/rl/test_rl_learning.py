@@ -94,3 +94,23 @@ def test_the_held_out_set_has_no_repeated_task():
     assert len(prompts) == 12 == len(set(prompts))
     with pytest.raises(ValueError, match="only .* distinct tasks"):
         eval_task_seeds(config.replace(eval_size=500))
+
+
+def test_an_eval_size_the_split_cannot_fill_fails_before_the_warm_start(tmp_path):
+    from zeromismatch.rl import train
+
+    config = tiny_config(env_options={"max_digits": 1, "ops": "+"}, eval_size=500, sft_steps=50)
+    with pytest.raises(ValueError, match="distinct tasks"):
+        train(config, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run" / "config.json").exists()  # nothing ran, nothing written
+
+
+def test_a_postprocess_tail_mean_over_an_infinite_step_is_nan():
+    import math
+
+    from zeromismatch.expt.spec import tail_mean
+
+    records = [{"k3_kl": 1e-9} for _ in range(10)]
+    assert tail_mean(records, "k3_kl") == 1e-9
+    records[-1]["k3_kl"] = math.inf  # one inf step used to decide a gap the audit compares
+    assert math.isnan(tail_mean(records, "k3_kl"))

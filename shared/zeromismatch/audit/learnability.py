@@ -51,7 +51,7 @@ def _run(summary_path: Path, config_path: Path) -> dict:
     commit = None
     if provenance.is_file():
         commit = Node.load(provenance, "learnability provenance").obj().get("git_commit")
-    run["commit"] = str(commit)[:7] if commit else "unknown"
+    run["commit"] = str(commit) if commit else "unknown"  # whole: "-dirty" must tell two runs apart
     return run
 
 
@@ -130,6 +130,8 @@ def case_rows(root: Path, expected: dict[str, tuple[int, ...]] | None = None) ->
         learns = (
             _mean([a for _, a in sampled]) > _mean([b for b, _ in sampled]) and 2 * raised > seeds_expected
         )
+        if uniform and len(runs) < seeds_expected:
+            learns = f"pending: {len(runs)} of {seeds_expected} seeds"
         rows.append(
             {
                 "case": case_dir.name,
@@ -155,7 +157,13 @@ def _max_nan_wins(values: list[float]) -> float:
 def _learns_text(learns) -> str:
     if learns == "mixed":
         return "mixed runs: seeds differ in config or commit"
+    if isinstance(learns, str):
+        return learns
     return "yes" if learns else "no"
+
+
+def _short(commit: str) -> str:
+    return commit[:7] + ("-dirty" if "dirty" in commit else "") if commit != "unknown" else commit
 
 
 def _means(pairs: list[tuple[float, float]]) -> str:
@@ -210,7 +218,7 @@ def learnability_lines(root: Path, expected: dict[str, tuple[int, ...]] | None =
             f"| {r['case']} | {r['env']} | {r['model']} | {r['lag']} | {r['steps']} | "
             f"{','.join(map(str, r['seeds']))} | {_means(r['greedy'])} | {_means(r['sampled'])} | "
             f"{_per_seed(r['sampled'])} | {r['raised_in']}/{len(r['seeds'])} | {_means(r['train_reward'])} | "
-            f"{r['k3_kl_max']:.1e} | {', '.join(r['commits'])} | "
+            f"{r['k3_kl_max']:.1e} | {', '.join(map(_short, r['commits']))} | "
             f"{_learns_text(r['learns'])} |"
         )
     if gaps:

@@ -412,11 +412,11 @@ def _resolve_metric(operand: dict, run: Run, label: str) -> Resolved:
             resolved = Resolved(label, _aggregate(values, agg, window), steps=len(values), data=data)
             resolved.samples = _averaged(values, agg, window)
             if agg not in ("count", "count_nonfinite"):
-                # An extreme over an inf step is honestly inf (an infinite mismatch is the largest);
-                # a mean, median or single step over one is not a level of the curve. NaN (nothing
-                # measured at that step) decides nothing under any aggregate.
+                # An extreme over an inf step is honestly inf (an infinite mismatch is the largest),
+                # and a median is robust to one; a mean or a single step over one is not a level of
+                # the curve. NaN (nothing measured at that step) decides nothing under any aggregate.
                 read = _read_by(values, agg, window)
-                unusable = math.isnan if agg in ("max", "min") else (lambda v: not math.isfinite(v))
+                unusable = math.isnan if agg in ("max", "min", "median") else (lambda v: not math.isfinite(v))
                 resolved.aggregated = len(read)
                 resolved.nonfinite = sum(1 for v in read if unusable(v))
         resolved.source = f"{data.rel}metrics.jsonl {name} {detail}"

@@ -166,6 +166,7 @@ def _nonfinite_reason(lhs: Resolved, rhs: Resolved | None) -> str | None:
 class _Judged:
     measured: list[Measured]
     failures: list[str]  # empty: every condition holds
+    undecided: list[str]  # checks the data cannot decide (non-finite values): the verdict is not-run
     notes: list[str]  # what a passing verdict reports besides "holds" (the z of each min_z check)
     steps: int | None
     speed_ratio: float | None
@@ -176,6 +177,7 @@ def _judge(claim: dict, resolve) -> _Judged:
     test = claim["test"]
     measured: list[Measured] = []
     failures: list[str] = []
+    undecided: list[str] = []
     notes: list[str] = []
     steps: int | None = None
     speed_ratio: float | None = None
@@ -222,7 +224,7 @@ def _judge(claim: dict, resolve) -> _Judged:
         unusable = _nonfinite_reason(lhs, rhs)
         if unusable:
             ok = False
-            failures.append(f"{check['label']}: {unusable}")
+            undecided.append(f"{check['label']}: {unusable}")
         elif not ok:
             failures.append(
                 f"{check['label']}: {lhs.label} = {_fmt(lhs.value)} is not {check['op']} "
@@ -256,14 +258,17 @@ def _judge(claim: dict, resolve) -> _Judged:
             speed_ratio = num / den if den else None
         elif speed_ratio is None and test["data"] == "benchmark":
             speed_ratio = lhs.value
-    return _Judged(measured, failures, notes, steps, speed_ratio)
+    return _Judged(measured, failures, undecided, notes, steps, speed_ratio)
 
 
 def _verdict_from(claim: dict, judged: _Judged) -> tuple[str, str]:
-    if not judged.failures:
-        kind = REPRODUCED_EXACT if claim["test"]["rule"] == "exact" else REPRODUCED_DIRECTION
-        return kind, "; ".join(["every condition holds on the measured data", *judged.notes])
-    return NOT_REPRODUCED, "; ".join(judged.failures)
+    if judged.failures:  # a condition that fails on finite data refutes, whatever else is undecided
+        return NOT_REPRODUCED, "; ".join(judged.failures + judged.undecided)
+    if judged.undecided:
+        # non-finite data neither reproduces nor refutes: not-run, saying what cannot be decided
+        return NOT_RUN, "; ".join(judged.undecided)
+    kind = REPRODUCED_EXACT if claim["test"]["rule"] == "exact" else REPRODUCED_DIRECTION
+    return kind, "; ".join(["every condition holds on the measured data", *judged.notes])
 
 
 def evaluate_claim(claim: dict, results_root: Path, run_cache: dict | None = None) -> Verdict:

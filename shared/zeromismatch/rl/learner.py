@@ -223,6 +223,7 @@ class Learner:
             # the decomposition's kernel term too: it is computed on finite tokens only, and a zero
             # there must not read as "no kernel mismatch" (S3's kernel-term claim reads it)
             stats.update(gap_kernel_abs_max=math.inf, gap_kernel_abs_mean=math.inf, gap_kernel_mean=-math.inf)
+            stats["gap_kernel_share"] = math.nan  # a share of an infinite term
         lag = mismatch.lag_stats(versions[mask], self.version - 1)
         stats.update({k: v for k, v in lag.items() if k.startswith("lag_")})
         stats.update({f"loss_{k}": v for k, v in out.stats.items()})
@@ -240,5 +241,8 @@ class Learner:
         stats["out_of_support_tokens"] = kernel_out_of_support + lag_out_of_support
         stats["kernel_out_of_support_tokens"] = kernel_out_of_support
         stats["lag_out_of_support_tokens"] = lag_out_of_support
+        if unaudited:
+            # "then" was the current learner: the causes cannot be told apart
+            stats["kernel_out_of_support_tokens"] = stats["lag_out_of_support_tokens"] = math.nan
         stats["tokens"] = int(mask.sum())
         return stats

@@ -275,20 +275,21 @@ class Run:
             saved = json.loads(config_path.read_text())
             if saved != c.to_dict():
                 raise ValueError(f"{config_path} differs from the config given; resume needs the same config")
+        latest = ckpt.latest_checkpoint(self.ckpt_dir) if resume else None
+        if latest is not None and c.enable_prefix_caching and not c.prefix_cache_versioned:
+            # the engine's cache is not checkpointed: a resumed run could not reuse the stale K/V an
+            # uninterrupted one reuses, so it would compute something else (refused before any write)
+            raise ValueError(
+                f"{self.out}: a run with prefix_cache_versioned=False cannot be resumed (its stale prefix "
+                "cache is not checkpointed); rerun it from the start"
+            )
+        eval_task_seeds(c)  # an eval split too small for eval_size fails here, not after the warm start
         atomic_write_json(config_path, c.to_dict())
         atomic_write_json(self.out / "provenance.json", _provenance.run_provenance(c))
 
         learner = Learner(c)
         history = WeightHistory()
         start_step, extra = 0, {}
-        latest = ckpt.latest_checkpoint(self.ckpt_dir) if resume else None
-        if latest is not None and c.enable_prefix_caching and not c.prefix_cache_versioned:
-            # the engine's cache is not checkpointed: a resumed run could not reuse the stale K/V an
-            # uninterrupted one reuses, so it would compute something else
-            raise ValueError(
-                f"{self.out}: a run with prefix_cache_versioned=False cannot be resumed (its stale prefix "
-                "cache is not checkpointed); rerun it from the start"
-            )
         if latest is not None:
             state = ckpt.load_checkpoint(latest).state
             learner.model.load_state_dict_hf(state["model"])
