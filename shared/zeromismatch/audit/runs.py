@@ -289,7 +289,7 @@ class Resolved:
     steps: int | None = None  # how many step records fed it (metric operands)
     missing: int = 0  # agg 'all': steps whose value is null or absent (each one fails "every step")
     samples: list[float] | None = None  # agg mean/head_mean/tail_mean: the per-step values averaged
-    nonfinite: int = 0  # step values the aggregate read that make it meaningless (NaN; inf unless max/min)
+    nonfinite: int = 0  # values read that void the aggregate (NaN; inf except for max/min/median)
     aggregated: int = 0  # how many step values the aggregate read
     commits: set[str] = field(default_factory=set)  # commits of a derived value (add_to_summary)
     source: str = ""  # e.g. "reproduced/x/mini/r/metrics.jsonl default.k3_kl tail_mean of 12 of 120 steps"

@@ -219,8 +219,8 @@ def _judge(claim: dict, resolve) -> _Judged:
             rhs = None
             rhs_value, rhs_label = float(check["rhs"]), _fmt(float(check["rhs"]))
         ok = lhs.value is not None and rhs_value is not None and bool(_OPS[check["op"]](lhs.value, rhs_value))
-        # an inf step (a token the trainer gives probability 0) or a NaN one makes any mean or extreme
-        # over it inf or NaN, which would decide a comparison on its own, whatever the curve does
+        # an inf step (a token the trainer gives probability 0) or a NaN one makes a mean over it inf or
+        # NaN, which would decide a comparison on its own, whatever the curve does (Resolved.nonfinite)
         unusable = _nonfinite_reason(lhs, rhs)
         if unusable:
             ok = False

@@ -47,6 +47,10 @@ def make_workload(
     return workload
 
 
+class EngineStepFailed(RuntimeError):
+    """A workload request ended in an engine error: the run compares nothing."""
+
+
 def run_engine_workload(llm, workload) -> list:
     """Feed ``workload`` through the step API with its staggered arrivals; outputs in order."""
     finished: dict[str, object] = {}
@@ -65,7 +69,7 @@ def run_engine_workload(llm, workload) -> list:
     # outputs would print "identical" for a run that went wrong
     failed = [o for o in outputs if o.finish_reason == "error"]
     if failed:
-        raise RuntimeError(
+        raise EngineStepFailed(
             f"{len(failed)} of {len(outputs)} requests ended in an engine error (first: request "
             f"{failed[0].request_id}: {failed[0].error}); nothing is compared"
         )
@@ -120,8 +124,6 @@ def run_parity(
     max_num_batched_tokens: int = 32,
     max_prompt_len: int = 40,
 ) -> dict:
-    from ..engine import LLM
-
     if logprobs_mode == "processed" and (temperature == 0 or top_k == 1):
         # the processed distribution is then one-hot: every logprob is exactly 0 on any kernels, and
         # "identical" would only say that both sides picked the same tokens
@@ -129,6 +131,7 @@ def run_parity(
             "processed logprobs are all exactly 0 under greedy (temperature 0) or top_k 1 sampling, so "
             "the comparison would pass for any kernels; pass --logprobs-mode raw"
         )
+    from ..engine import LLM
     from ..engine.llm import build_preset
     from ..models import resolve_config
 
@@ -262,7 +265,7 @@ def run(args) -> int:
     except (ValueError, TypeError) as err:
         print(f"zm parity: {err}", file=sys.stderr)
         return 2
-    except RuntimeError as err:
+    except EngineStepFailed as err:
         print(f"zm parity: {err}", file=sys.stderr)
         return 1
     from .._provenance import numerics

@@ -102,7 +102,11 @@ class Env(ABC):
         return task.prompt
 
     def split_of(self, task: Task) -> str:
-        digest = hashlib.sha256(f"{self.name}\n{self.split_key(task)}".encode()).digest()
+        return self.split_of_key(self.split_key(task))
+
+    def split_of_key(self, key: str) -> str:
+        """The split every task with split key ``key`` belongs to."""
+        digest = hashlib.sha256(f"{self.name}\n{key}".encode()).digest()
         return "eval" if int.from_bytes(digest[:8], "big") % self.eval_modulus == 0 else "train"
 
     def task(self, seed: int, split: str = "train") -> Task:

@@ -160,6 +160,11 @@ def run_tests(template: RepairTemplate, slots: dict[str, str], tests: list[tuple
     return passed
 
 
+def _fix_action(template: RepairTemplate, index: int) -> str:
+    """The action that restores line ``index`` of ``template`` (its correct rendering)."""
+    return f"<fix>{index + 1}|{template.lines[index].format(**template.correct).strip()}</fix>"
+
+
 HIDDEN_TESTS = 200
 
 
@@ -198,7 +203,7 @@ class CodeRepairEnv(Env):
         self.template_names = names
         # the split is by fix (split_key), and a template has one fix per editable line: a template set
         # whose fixes all hash to one split has no task on the other side (factorial alone: no eval fix)
-        sides = {self.split_of(Task(prompt="", answer=None, data={"fix": fix})) for fix in self._fixes()}
+        sides = {self.split_of_key(fix) for fix in self._fixes()}
         if sides != {"train", "eval"}:
             raise ValueError(
                 f"templates {names} have fixes only in the {sorted(sides)} split; add templates "
@@ -232,20 +237,19 @@ class CodeRepairEnv(Env):
 
     def _fixes(self) -> set[str]:
         """Every fix action of the selected templates: one per line that has slots."""
-        fixes = set()
-        for name in self.template_names:
-            template = _BY_NAME[name]
-            for index, line in enumerate(template.lines):
-                if template.slots_of_line(index):
-                    fixes.add(f"<fix>{index + 1}|{line.format(**template.correct).strip()}</fix>")
-        return fixes
+        return {
+            _fix_action(template, index)
+            for template in (_BY_NAME[name] for name in self.template_names)
+            for index in range(len(template.lines))
+            if template.slots_of_line(index)
+        }
 
     def split_key(self, task: Task) -> str:
         # The answer itself. A template has one correct function, so every bug on one line has the same
         # fix (factorial's start=0, start=2 and end=0 all take "3|for i in range(1, n + 1):"), and two
         # templates can share a fixed line; keyed by the buggy function, 46 of 64 held-out tasks had
         # their exact fix among the training targets and a (template, line) lookup scored 0.72.
-        return task.data["fix"] if "fix" in task.data else self._demonstrate(task)[0]
+        return self._demonstrate(task)[0]
 
     def candidate_edits(self, task: Task, line_number: int) -> dict[str, dict[str, str]]:
         """Every allowed new text of a line (stripped) -> the full slot assignment it stands for."""
@@ -282,5 +286,4 @@ class CodeRepairEnv(Env):
         template = _BY_NAME[task.data["template"]]
         slot = task.data["bug_slot"]
         index = next(i for i in range(len(template.lines)) if slot in template.slots_of_line(i))
-        fixed_line = template.lines[index].format(**task.answer).strip()
-        return [f"<fix>{index + 1}|{fixed_line}</fix>"]
+        return [_fix_action(template, index)]

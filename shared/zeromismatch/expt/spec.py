@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +83,6 @@ def read_records(run_dir: Path) -> list[dict]:
 def tail_mean(records: list[dict], key: str, fraction: float = 0.2) -> float:
     """Mean of the last ``fraction`` of steps; NaN when one of them is not finite (an inf step, a token
     the trainer gives probability 0, would otherwise decide the mean, and a claim compared on it)."""
-    import math
-
     values = [r[key] for r in records]
     tail = values[-max(1, int(len(values) * fraction)) :]
     if not all(math.isfinite(value) for value in tail):
