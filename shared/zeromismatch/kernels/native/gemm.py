@@ -43,7 +43,7 @@ import torch
 
 from .. import collectives
 from ..aligned import dense as aligned_dense
-from ..aligned.gemm import cached_from_weights, row_invariant_pieces
+from ..aligned.gemm import cached_from_weight, cached_from_weights, row_invariant_pieces
 from ..base import QuantizedWeight
 from ..quant import cached_dequantize, dequantize
 from . import _build
@@ -87,9 +87,13 @@ def _packed(weight: torch.Tensor, dtype: torch.dtype, cache: bool = True) -> tor
         return _pack(weight.detach().resolve_neg().resolve_conj().to(dtype))[0]
 
 
+#: the packed-weight cache's tag for panels of each rule's dtype
+_PANEL_TAGS = {dtype: ("native-panels", dtype) for dtype in (torch.float32, torch.bfloat16)}
+
+
 def _cached_panels(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     """``weight`` cast to ``dtype`` and packed, from the packed-weight cache; None where it refuses."""
-    return cached_from_weights((weight,), ("native-panels", dtype), lambda: _pack(weight.detach().to(dtype)))
+    return cached_from_weight(weight, _PANEL_TAGS[dtype], lambda: _pack(weight.detach().to(dtype)))
 
 
 def _uses_bf16_rule(x: torch.Tensor, weight: torch.Tensor, piece_k: int) -> bool:
@@ -200,20 +204,39 @@ def _engine_call(x2d: torch.Tensor, weight: torch.Tensor, pieces: int, round_par
     dtype = x2d.dtype
     if dtype is not weight.dtype or not (dtype is torch.float32 or dtype is torch.bfloat16):
         return None
-    if (x2d.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
+    if x2d.requires_grad and torch.is_grad_enabled():  # (a weight being trained: the cache refuses it)
         return None
     m, k = x2d.shape
-    if m == 0 or k == 0 or weight.dim() != 2 or weight.shape[1] != k or weight.shape[0] == 0:
+    w_shape = weight.shape
+    if m == 0 or k == 0 or len(w_shape) != 2 or w_shape[1] != k or w_shape[0] == 0:
         return None
     if k % pieces or pieces > MAX_TREE_PIECES or (dtype is torch.bfloat16 and (k // pieces) % 2):
         return None
-    if not (x2d.is_cpu and weight.is_cpu) or x2d.is_neg() or x2d.stride(-1) != 1 or x2d.stride(0) < k:
+    x_stride = x2d.stride()
+    if not (x2d.is_cpu and weight.is_cpu) or x2d.is_neg() or x_stride[1] != 1 or x_stride[0] < k:
         return None  # (is_conj needs a complex dtype, excluded above)
     packed = _cached_panels(weight, dtype)
     if packed is None:
         return None
+    n = w_shape[0]
     is_bf16 = dtype is torch.bfloat16
-    return _call(x2d, packed, k, is_bf16, m, weight.shape[0], pieces, round_partials and is_bf16, True)
+    out = torch.empty(m, n, dtype=torch.float32)
+    _build.library().zm_panel_gemm(
+        x2d.data_ptr(),
+        x_stride[0],
+        packed.data_ptr(),
+        packed.shape[0],
+        k,
+        is_bf16,
+        m,
+        n,
+        pieces,
+        round_partials and is_bf16,
+        True,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip  (status: the checks above are the kernel's own)
+    return out
 
 
 class _NativeMatmul(torch.autograd.Function):

@@ -1,0 +1,135 @@
+"""How the aligned-native kernels are called, not what they compute: the CPython fast-call entry
+points (pyshim.c) give the ctypes path's bits and refuse bad arguments; the packed-weight cache's
+one-weight front serves exactly what the main map would; gemm.c's in-register bf16 rounding of
+row-parallel partials (vcvtneps2bf16) gives the portable rule's bits on nan, inf and overflow."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_helpers import scaled_randn
+
+from zeromismatch.kernels.aligned import gemm as aligned_gemm
+from zeromismatch.kernels.native import NativeKernels, _build
+from zeromismatch.kernels.native import gemm as native_gemm
+
+pytestmark = pytest.mark.native  # skipped without a C compiler, except under CI (tests/conftest.py)
+
+NATIVE = NativeKernels()
+
+
+def test_fast_calls_are_built_where_python_headers_are():
+    lib = _build.library()
+    assert lib.fast == (_build._python_include() is not None)
+    assert _build.loaded_builds()[-1]["calls"] == ("cpython fast-call" if lib.fast else "ctypes")
+
+
+def test_fast_call_and_ctypes_give_the_same_bits():
+    lib = _build.library()
+    if not lib.fast:
+        pytest.skip("built without Python.h: every call is the ctypes one")
+    gen = torch.Generator().manual_seed(0)
+    x, w = scaled_randn(gen, 5, 64), scaled_randn(gen, 64, 64, scale=0.2)
+    packed = native_gemm._cached_panels(w, torch.float32)
+    outs = []
+    for fn in (lib.zm_panel_gemm, lib.cdll.zm_panel_gemm):
+        out = torch.empty(5, 64)
+        args = (x.data_ptr(), 64, packed.data_ptr(), packed.shape[0], 64, 0, 5, 64, 4, 0, 1)
+        assert fn(*args, out.data_ptr(), 1) == 0
+        outs.append(out)
+    assert torch.equal(*outs)
+    # a float argument (eps) converted as ctypes converts it, and a void call returning None
+    norms = []
+    for fn in (lib.zm_rms_norm, lib.cdll.zm_rms_norm):
+        out = torch.empty(5, 64)
+        weight = torch.ones(64)
+        shape = (1, 5, 0, 64, 64, 64, 0)
+        assert fn(x.data_ptr(), 0, *shape, weight.data_ptr(), 0, 1e-6, out.data_ptr(), 0, 1) is None
+        norms.append(out)
+    assert torch.equal(*norms)
+    noise = []
+    for fn in (lib.zm_uniform_rows, lib.cdll.zm_uniform_rows):
+        seeds, out = torch.tensor([3, 5, 7], dtype=torch.int64), torch.empty(3, 10)
+        fn(seeds.data_ptr(), 3, 10, out.data_ptr())
+        noise.append(out)
+    assert torch.equal(*noise)
+
+
+def test_fast_call_refuses_bad_arguments():
+    lib = _build.library()
+    if not lib.fast:
+        pytest.skip("built without Python.h: every call is the ctypes one")
+    with pytest.raises(TypeError, match="zm_panel_gemm takes 13 arguments"):
+        lib.zm_panel_gemm(0, 1)
+    with pytest.raises(TypeError, match="argument 1 must be an int"):
+        lib.zm_panel_gemm(0, 1.5, *([0] * 11))
+    # pieces = 0 is refused by the kernel before anything is read; None is a NULL pointer
+    assert lib.zm_panel_gemm(None, 1, None, 4, 8, 0, 1, 1, 0, 0, 1, None, 1) == 1
+
+
+def _front_size() -> int:
+    return len(aligned_gemm._PACKED.front)
+
+
+def test_one_weight_front_serves_only_what_the_main_map_holds():
+    gen = torch.Generator().manual_seed(1)
+    x, w = scaled_randn(gen, 1, 32), scaled_randn(gen, 48, 32, scale=0.2)
+    aligned_gemm.clear_packed_weights()
+    with torch.no_grad():
+        first = NATIVE.linear(x, w)
+        assert _front_size() == 1 and torch.equal(NATIVE.linear(x, w), first)
+        w.mul_(2)  # a version bump: the front entry is stale, the main map rebuilds
+        assert torch.equal(NATIVE.linear(x, w), (first.double() * 2).float())
+        aligned_gemm.clear_packed_weights()
+        assert _front_size() == 0
+        saved = aligned_gemm._PACKED.budget_bytes
+        try:
+            NATIVE.linear(x, w)
+            aligned_gemm._PACKED.budget_bytes = 0  # caching turned off: the front must not answer
+            calls = []
+            build = native_gemm._pack
+            native_gemm._pack = lambda *a: calls.append(1) or build(*a)
+            try:
+                NATIVE.linear(x, w)
+            finally:
+                native_gemm._pack = build
+            assert calls == [1]  # packed afresh, not served
+            # a weight over a quarter of the budget is packed per call and never enters the front
+            aligned_gemm._PACKED.budget_bytes = 4 * w.numel() * 4 - 1
+            aligned_gemm.clear_packed_weights()
+            NATIVE.linear(x, w)
+            assert _front_size() == 0 and not aligned_gemm._PACKED.entries
+        finally:
+            aligned_gemm._PACKED.budget_bytes = saved
+            aligned_gemm.clear_packed_weights()
+
+
+def test_front_entry_dies_with_its_weight():
+    gen = torch.Generator().manual_seed(2)
+    x = scaled_randn(gen, 1, 32)
+    aligned_gemm.clear_packed_weights()
+    with torch.no_grad():
+        w = scaled_randn(gen, 48, 32)
+        NATIVE.linear(x, w)
+        assert _front_size() == 1
+        del w  # the main entry's weak reference fires, and the front (holding the panels) empties
+        assert _front_size() == 0 and not aligned_gemm._PACKED.entries
+
+
+def test_bf16_partials_round_like_the_portable_rule_on_nan_inf_and_overflow(monkeypatch):
+    """vcvtneps2bf16 treats denormal inputs as zero; the bf16 rule's accumulators are never denormal,
+    so its rounding must equal zm_round_bf16's (the -O0 build) on every value, specials included."""
+    gen = torch.Generator().manual_seed(3)
+    x = scaled_randn(gen, 7, 64, dtype=torch.bfloat16)
+    w = scaled_randn(gen, 40, 64, dtype=torch.bfloat16, scale=0.3)
+    x[0, 3] = float("nan")
+    x[1, 5] = float("inf")
+    x[2, 0:2] = 3e38  # partials that round up past the bf16 maximum: inf
+    x[3, 9] = float("-inf")
+    x[4] = 1e-20  # tiny partials: the rule flushes below FLT_MIN, never a denormal
+    with torch.no_grad():
+        vectorized = NATIVE.row_parallel_linear(x, w)
+        monkeypatch.setattr(_build, "build_flags", ("-O0",))
+        scalar = NATIVE.row_parallel_linear(x, w)
+    assert torch.equal(vectorized.view(torch.int16), scalar.view(torch.int16))
+    assert vectorized.isnan().any() and vectorized.isinf().any()  # the specials were reached
