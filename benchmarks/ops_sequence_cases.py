@@ -228,6 +228,7 @@ _NATIVE_OPS = {
     "rms_norm": "rms_norm",
     "gated_rms_norm": "gated_rms_norm",
     "rope": "rope",
+    "silu_mul": "silu_mul",
     "moe": "moe_experts",
     "causal_conv1d_prefill": "causal_conv1d",
     "causal_conv1d_decode": "causal_conv1d",

@@ -33,8 +33,8 @@ def _commit(data: Node) -> str:
 
 NATIVE_NOTE = (
     "Rows and systems named `*native*` run the aligned-native set (the aligned set with its attention, "
-    "Mamba2 scan, linear, lm_head and row-parallel linear in fixed-order C, `kernels/native`; "
-    "docs/parity.md) against the same default op; no verdict uses them."
+    "Mamba2 scan and conv, GEMMs, norms, rope, SwiGLU product and MoE experts in fixed-order C, "
+    "`kernels/native`; docs/parity.md) against the same default op; no verdict uses them."
 )
 
 

@@ -3,8 +3,8 @@
 ``get_kernels("aligned")`` is the batch-, phase- and layout-invariant CPU
 reference (pure torch); ``get_kernels("default")`` is the fastest stock torch
 path, as a performance-minded, unaligned stack runs it; ``get_kernels("aligned-native")``
-is the aligned set with its attention, Mamba2 scan, linear, lm_head and row-parallel linear in
-fixed-order C (kernels/native). A GPU set registers itself under its own name when its extra is
+is the aligned set with its hot ops (attention, the Mamba2 scan and conv, the GEMMs, norms, rope,
+the SwiGLU product, MoE experts) in fixed-order C (kernels/native). A GPU set registers itself under its own name when its extra is
 installed. See docs/parity.md.
 """
 

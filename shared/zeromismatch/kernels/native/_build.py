@@ -35,7 +35,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
-_SOURCE_NAMES = ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c", "moe.c", "conv.c")
+_SOURCE_NAMES = ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c", "moe.c", "conv.c", "swiglu.c")
 SOURCES = tuple(_HERE / name for name in _SOURCE_NAMES)
 HEADERS = (_HERE / "fixed_math.h", _HERE / "gemm.h")
 #: the CPython fast-call entry points (pyshim.c), compiled in when Python's headers are present
@@ -43,7 +43,7 @@ SHIM = _HERE / "pyshim.c"
 #: the kernels' C entry points, each reached through the fast-call module when built, else ctypes
 ENTRY_POINTS = (
     "zm_attention", "zm_ssm_scan", "zm_panel_gemm", "zm_rms_norm", "zm_rope", "zm_moe_experts",
-    "zm_causal_conv1d", "zm_uniform_rows",
+    "zm_causal_conv1d", "zm_uniform_rows", "zm_silu_mul",
 )  # fmt: skip
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
@@ -183,6 +183,10 @@ def _load(path: Path, shim: bool) -> NativeLibrary:
     lib.zm_causal_conv1d.restype = ctypes.c_int
     lib.zm_uniform_rows.argtypes = [p, i64, i64, p]
     lib.zm_uniform_rows.restype = None
+    lib.zm_silu_mul.argtypes = [p, p, i32, i64, i64, i64, i64, p, i32]
+    lib.zm_silu_mul.restype = None
+    lib.zm_silu_mul_reference.argtypes = [p, p, i64, p]
+    lib.zm_silu_mul_reference.restype = None
     return NativeLibrary(lib, module)
 
 

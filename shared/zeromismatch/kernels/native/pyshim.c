@@ -29,6 +29,7 @@ int zm_moe_experts(const void *, int, int64_t, int64_t, const int64_t *, const f
 int zm_causal_conv1d(const void *, int, int64_t, int64_t, const float *, int64_t, const float *, const int64_t *,
                      int64_t, const void *, int, void *, void *, int);
 void zm_uniform_rows(const uint64_t *, int64_t, int64_t, float *);
+void zm_silu_mul(const void *, const void *, int, int64_t, int64_t, int64_t, int64_t, void *, int);
 
 #define MAX_ARGS 24
 
@@ -65,26 +66,21 @@ static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, cons
 #define L(j) (a[j])
 #define F(j) ((float)f[j])
 
-/* DEFINE(name, sig, call): a METH_FASTCALL wrapper returning call's int, or None for a void call */
-#define DEFINE_INT(NAME, SIG, CALL)                                                                   \
+/* DEFINE(name, sig, statement, is_void): a METH_FASTCALL wrapper running the statement (which sets rc
+ * for a function returning int) without the GIL; it returns rc, or None for a void function */
+#define DEFINE(NAME, SIG, STATEMENT, IS_VOID)                                                         \
     static PyObject *py_##NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {              \
         int64_t a[MAX_ARGS];                                                                           \
         double f[MAX_ARGS];                                                                            \
+        int rc = 0;                                                                                    \
         (void)self;                                                                                    \
         if (parse(#NAME, args, nargs, SIG, a, f)) return NULL;                                         \
-        int rc;                                                                                        \
-        Py_BEGIN_ALLOW_THREADS rc = CALL;                                                              \
-        Py_END_ALLOW_THREADS return PyLong_FromLong(rc);                                               \
+        Py_BEGIN_ALLOW_THREADS STATEMENT;                                                              \
+        Py_END_ALLOW_THREADS if (IS_VOID) Py_RETURN_NONE;                                              \
+        return PyLong_FromLong(rc);                                                                    \
     }
-#define DEFINE_VOID(NAME, SIG, CALL)                                                                  \
-    static PyObject *py_##NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {              \
-        int64_t a[MAX_ARGS];                                                                           \
-        double f[MAX_ARGS];                                                                            \
-        (void)self;                                                                                    \
-        if (parse(#NAME, args, nargs, SIG, a, f)) return NULL;                                         \
-        Py_BEGIN_ALLOW_THREADS CALL;                                                                   \
-        Py_END_ALLOW_THREADS Py_RETURN_NONE;                                                           \
-    }
+#define DEFINE_INT(NAME, SIG, CALL) DEFINE(NAME, SIG, rc = CALL, 0)
+#define DEFINE_VOID(NAME, SIG, CALL) DEFINE(NAME, SIG, CALL, 1)
 
 DEFINE_INT(zm_panel_gemm, "pLpLLiLLLiipi",
            zm_panel_gemm(P(0), L(1), P(2), L(3), L(4), I(5), L(6), L(7), L(8), I(9), I(10), P(11), I(12)))
@@ -106,12 +102,13 @@ DEFINE_INT(zm_causal_conv1d, "piLLpLppLpippi",
            zm_causal_conv1d(P(0), I(1), L(2), L(3), P(4), L(5), P(6), P(7), L(8), P(9), I(10), P(11), P(12),
                             I(13)))
 DEFINE_VOID(zm_uniform_rows, "pLLp", zm_uniform_rows(P(0), L(1), L(2), P(3)))
+DEFINE_VOID(zm_silu_mul, "ppiLLLLpi", zm_silu_mul(P(0), P(1), I(2), L(3), L(4), L(5), L(6), P(7), I(8)))
 
 #define METHOD(NAME) {#NAME, (PyCFunction)(void (*)(void))py_##NAME, METH_FASTCALL, NULL}
 static PyMethodDef methods[] = {
     METHOD(zm_panel_gemm), METHOD(zm_attention),     METHOD(zm_ssm_scan),      METHOD(zm_rms_norm),
     METHOD(zm_rope),       METHOD(zm_moe_experts),   METHOD(zm_causal_conv1d), METHOD(zm_uniform_rows),
-    {NULL, NULL, 0, NULL},
+    METHOD(zm_silu_mul),   {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "zm_native", NULL, -1, methods,

@@ -1,0 +1,91 @@
+"""Native SwiGLU product (swiglu.c): ``silu(gate) * up`` in one pass, for the aligned-native set.
+
+Why. The aligned ``silu_mul`` is torch's ``F.silu`` then an in-place ``mul_`` (row-invariant where
+torch's vector loop covers the whole buffer, which it checks per call): two kernel launches, two
+passes over memory, and ~0.5 us of checks that the default set does not pay -- 0.82-0.87x of the
+default at one row (issue 3's only op below 0.9x there in the aligned-native set once its GEMMs
+were in C). One C call does both, with its own fixed silu.
+
+What. Per element, ``g / (1 + exp(-g))`` times ``up`` in fp32 with swiglu.c's exp (fixed_math.h's
+Cody-Waite reduction and degree-7 polynomial, each step one fused multiply-add), rounded once to the
+inputs' dtype. The AVX-512 path and the portable path (fmaf; the -O0 test build) give the same
+bits, and an element's bits depend on its gate and up values alone. These are not the pure-torch
+aligned op's bits (nor those of zm_silu, which the native MoE experts and conv use), so engine and
+trainer both run this set. fp32 and bf16 in matching shapes and dtypes; anything else takes the
+aligned op (and its errors). Backward: the aligned op's gradient (``_autograd.py``). CPU only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..aligned import dense as aligned_dense
+from . import _build
+from ._autograd import native_with_reference_backward
+from ._device import require_cpu
+
+
+def _rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(t', row_stride)``: t (or a copy of it) as rows of its last dim, each with unit inner stride,
+    ``row_stride`` elements apart."""
+    if t.is_neg():  # raw pointers: a lazily negated view shares un-negated storage
+        t = t.resolve_neg()
+    cols = t.shape[-1]
+    if t.stride(-1) != 1 and cols > 1:
+        t = t.contiguous()
+    try:
+        rows = t.view(-1, cols)
+    except RuntimeError:  # leading dims that cannot be merged without a copy
+        rows = t.contiguous().view(-1, cols)
+    return rows, rows.stride(0)
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """swiglu.c on same-shape, same-dtype (fp32 or bf16) CPU tensors with at least one dim; no autograd."""
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    cols = gate.shape[-1]
+    if out.numel() == 0:
+        return out
+    g, g_stride = _rows_of(gate)
+    u, u_stride = _rows_of(up)
+    bf16, rows, threads = gate.dtype is torch.bfloat16, out.numel() // cols, torch.get_num_threads()
+    call = _build.library().zm_silu_mul
+    call(g.data_ptr(), u.data_ptr(), bf16, rows, cols, g_stride, u_stride, out.data_ptr(), threads)
+    return out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` by the swiglu.c rule (module docstring)."""
+    shape = gate.shape
+    # the engine's call (a [T, I] slice pair of the fused gate/up output) and the benchmark's, with
+    # the checks in the order a one-row call can afford (~1 us of a ~3 us call): rows read in place
+    if len(shape) == 2 and shape == up.shape:
+        dtype = gate.dtype
+        if (
+            dtype is up.dtype
+            and (dtype is torch.float32 or dtype is torch.bfloat16)
+            and gate.is_cpu
+            and up.is_cpu
+            and not (gate.requires_grad or up.requires_grad or gate.is_neg() or up.is_neg())
+        ):
+            g_stride, u_stride = gate.stride(), up.stride()
+            rows, cols = shape
+            if g_stride[1] == 1 and u_stride[1] == 1 and rows and cols:
+                # (empty_like: gate's strides when it is dense, i.e. contiguous rows here, else contiguous)
+                out = torch.empty_like(gate)
+                _build.library().zm_silu_mul(
+                    gate.data_ptr(), up.data_ptr(), dtype is torch.bfloat16, rows, cols, g_stride[0],
+                    u_stride[0], out.data_ptr(), torch.get_num_threads(),
+                )  # fmt: skip
+                return out
+    dtype = gate.dtype
+    if shape != up.shape or dtype is not up.dtype or not (dtype is torch.float32 or dtype is torch.bfloat16):
+        return aligned_dense.silu_mul(gate, up)  # another dtype, or the op's own error
+    require_cpu(gate, up)
+    if not shape:
+        return aligned_dense.silu_mul(gate, up)  # a scalar
+    if (gate.requires_grad or up.requires_grad) and torch.is_grad_enabled():
+        return native_with_reference_backward(
+            lambda: _silu_mul(gate.detach(), up.detach()), aligned_dense.silu_mul, gate, up
+        )
+    return _silu_mul(gate, up)
