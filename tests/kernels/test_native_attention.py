@@ -153,7 +153,9 @@ def test_O0_build_gives_the_same_bits(monkeypatch, dqk, dv):
 def test_whole_chunk_loops_give_the_generic_loops_bits(dtype):
     """attention.c runs head dims in whole chunks (Dqk % 16 == 0, Dv % 64 == 0) through its own
     loops. Widening V by 16 columns sends the same call through the generic loops, where each output
-    column is computed alone: the first Dv columns must keep every bit, nan and inf included."""
+    column is computed alone: the first Dv columns must keep every bit, nan and inf included. In bf16
+    the prefill items (>= 16 query rows) read K/V widened to fp32 once per item and the decode steps
+    read bf16 rows directly: the two must agree too."""
     gen = torch.Generator().manual_seed(5)
     seqs = _make(gen, [40, 1, 23], 8, 2, 64, 64, DTYPES[dtype])
     q0, k0, v0 = seqs[0]

@@ -61,8 +61,10 @@ def test_fast_call_refuses_bad_arguments():
         pytest.skip("built without Python.h: every call is the ctypes one")
     with pytest.raises(TypeError, match="zm_panel_gemm takes 13 arguments"):
         lib.zm_panel_gemm(0, 1)
-    with pytest.raises(TypeError, match="argument 1 must be an int"):
+    with pytest.raises(TypeError, match="argument 1 must be an integer, not float"):
         lib.zm_panel_gemm(0, 1.5, *([0] * 11))
+    with pytest.raises(TypeError, match="argument 3 must be an integer, not str"):
+        lib.zm_panel_gemm(0, 1, 0, "4", *([0] * 9))
     # pieces = 0 is refused by the kernel before anything is read; None is a NULL pointer
     assert lib.zm_panel_gemm(None, 1, None, 4, 8, 0, 1, 1, 0, 0, 1, None, 1) == 1
 
@@ -118,7 +120,8 @@ def test_front_entry_dies_with_its_weight():
 
 def test_bf16_partials_round_like_the_portable_rule_on_nan_inf_and_overflow(monkeypatch):
     """vcvtneps2bf16 treats denormal inputs as zero; the bf16 rule's accumulators are never denormal,
-    so its rounding must equal zm_round_bf16's (the -O0 build) on every value, specials included."""
+    so its rounding must equal zm_round_bf16's (the -O0 build) on every value, specials included;
+    and the bf16 output the engine's call writes in C must be torch's cast of the fp32 result."""
     gen = torch.Generator().manual_seed(3)
     x = scaled_randn(gen, 7, 64, dtype=torch.bfloat16)
     w = scaled_randn(gen, 40, 64, dtype=torch.bfloat16, scale=0.3)
@@ -133,3 +136,11 @@ def test_bf16_partials_round_like_the_portable_rule_on_nan_inf_and_overflow(monk
         scalar = NATIVE.row_parallel_linear(x, w)
     assert torch.equal(vectorized.view(torch.int16), scalar.view(torch.int16))
     assert vectorized.isnan().any() and vectorized.isinf().any()  # the specials were reached
+    # the engine's call writes bf16 itself: torch's cast of the same fp32 sums (the autograd route's
+    # .to(bfloat16)), nan encoding included
+    monkeypatch.undo()
+    general = NATIVE.row_parallel_linear(x.clone().requires_grad_(), w).detach()
+    assert torch.equal(general.view(torch.int16), vectorized.view(torch.int16))
+    linear_fast = NATIVE.linear(x, w)
+    linear_general = NATIVE.linear(x.clone().requires_grad_(), w).detach()
+    assert torch.equal(linear_fast.view(torch.int16), linear_general.view(torch.int16))

@@ -4,8 +4,8 @@
 reference (pure torch); ``get_kernels("default")`` is the fastest stock torch
 path, as a performance-minded, unaligned stack runs it; ``get_kernels("aligned-native")``
 is the aligned set with its hot ops (attention, the Mamba2 scan and conv, the GEMMs, norms, rope,
-the SwiGLU product, MoE experts) in fixed-order C (kernels/native). A GPU set registers itself under its own name when its extra is
-installed. See docs/parity.md.
+the SwiGLU product, MoE experts) in fixed-order C (kernels/native). A GPU set registers itself
+under its own name when its extra is installed. See docs/parity.md.
 """
 
 from __future__ import annotations

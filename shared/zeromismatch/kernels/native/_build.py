@@ -43,7 +43,7 @@ SHIM = _HERE / "pyshim.c"
 #: the kernels' C entry points, each reached through the fast-call module when built, else ctypes
 ENTRY_POINTS = (
     "zm_attention", "zm_ssm_scan", "zm_panel_gemm", "zm_rms_norm", "zm_rope", "zm_moe_experts",
-    "zm_causal_conv1d", "zm_uniform_rows", "zm_silu_mul",
+    "zm_causal_conv1d", "zm_uniform_rows", "zm_silu_mul", "zm_panel_gemm_reduced",
 )  # fmt: skip
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
@@ -170,6 +170,10 @@ def _load(path: Path, shim: bool) -> NativeLibrary:
         p, i64, p, i64, i64, ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, p, ctypes.c_int,
     ]  # fmt: skip
     lib.zm_panel_gemm.restype = ctypes.c_int
+    lib.zm_panel_gemm_reduced.argtypes = [
+        p, i64, p, i64, i64, ctypes.c_int, i64, i64, i64, ctypes.c_int, p, ctypes.c_int, ctypes.c_int,
+    ]  # fmt: skip
+    lib.zm_panel_gemm_reduced.restype = ctypes.c_int
     i32 = ctypes.c_int
     lib.zm_rms_norm.argtypes = [p, i32, i64, i64, i64, i64, i64, i64, i32, p, i32, f32, p, i32, i32]
     lib.zm_rms_norm.restype = None

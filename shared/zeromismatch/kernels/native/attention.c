@@ -114,6 +114,9 @@ typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
  * later rows find the keys in cache; prefetching for them cost a cache-warm prefill ~10 %). No
  * bits change: prefetches only move data. */
 #define ZM_AHEAD 8
+/* query rows an item needs before its bf16 K/V rows are widened to fp32 once (a decode item has
+ * Hq/Hkv rows, which would not repay the copy) */
+#define WIDEN_MIN_ROWS 16
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 static inline __attribute__((always_inline)) v16 load16(const char *row, int bf16, int64_t d) {
@@ -209,11 +212,17 @@ int zm_attention(const float *q, const void *k_rows, const void *v_rows, int k_b
     int64_t max_kv = 1;
     for (int64_t s = 0; s < n_seq; s++) max_kv = kv_len[s] > max_kv ? kv_len[s] : max_kv;
     const int64_t group = hq / hkv;
+    int64_t max_q_rows = 0;
+    for (int64_t s = 0; s < n_seq; s++) max_q_rows = q_len[s] * group > max_q_rows ? q_len[s] * group : max_q_rows;
     int failed = 0;
 #pragma omp parallel num_threads(n_threads) reduction(min : failed)
     {
         float *scores = malloc(sizeof(float) * max_kv);
         int64_t *rows = block_table ? malloc(sizeof(int64_t) * max_kv) : NULL;
+        /* bf16 K/V widened per item (prefill-sized items only); without the memory, rows read bf16 */
+        const int widen = (k_bf16 || v_bf16) && max_q_rows >= WIDEN_MIN_ROWS;
+        float *widened = widen ? malloc(sizeof(float) * max_kv * (dqk + dv)) : NULL;
+        int64_t *identity = widen ? malloc(sizeof(int64_t) * max_kv) : NULL;
         /* every thread takes part in the loop (a thread leaving a worksharing loop early is
            undefined); one that has no scratch only reports the failure */
 #pragma omp for schedule(dynamic, 1)
@@ -239,7 +248,27 @@ int zm_attention(const float *q, const void *k_rows, const void *v_rows, int k_b
                     continue;
                 }
             }
-            for (int64_t r = 0; r < q_len[s] * group; r++) {
+            const int64_t item_rows = q_len[s] * group;
+            if ((k_bf16 || v_bf16) && item_rows >= WIDEN_MIN_ROWS && widened && identity) {
+                /* this item's K and V rows widened to fp32 once (exactly), then read by all its query
+                 * rows: a prefill row reads up to every key, and widening bf16 per read cost ~40%
+                 * over fp32 there. The same values in the same order, so the same bits. */
+                float *kw = widened, *vw = widened + kv_len[s] * dqk;
+                for (int64_t j = 0; j < kv_len[s]; j++) {
+                    identity[j] = j;
+                    for (int64_t d = 0; d < dqk; d++)
+                        kw[j * dqk + d] = zm_load(k_rows, k_bf16, keys[j] * hkv * dqk + kh * dqk + d);
+                    for (int64_t d = 0; d < dv; d++)
+                        vw[j * dv + d] = zm_load(v_rows, v_bf16, keys[j] * hkv * dv + kh * dv + d);
+                }
+                for (int64_t r = 0; r < item_rows; r++) {
+                    const int64_t t = q_start[s] + r / group, h = kh * group + r % group;
+                    attend(q + (t * hq + h) * dqk, kw, vw, 0, 0, identity, kv_len[s] - q_len[s] + r / group,
+                           dqk, dv, 0, 0, dqk, dv, scale, 0, scores, out + (t * hq + h) * dv);
+                }
+                continue;
+            }
+            for (int64_t r = 0; r < item_rows; r++) {
                 const int64_t t = q_start[s] + r / group, h = kh * group + r % group;
                 /* only the item's first row prefetches: it brings the keys in for the rows after it */
                 attend(q + (t * hq + h) * dqk, k_rows, v_rows, k_bf16, v_bf16, keys,
@@ -249,6 +278,8 @@ int zm_attention(const float *q, const void *k_rows, const void *v_rows, int k_b
         }
         free(scores);
         free(rows);
+        free(widened);
+        free(identity);
     }
     return failed;
 }

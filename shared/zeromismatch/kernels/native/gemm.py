@@ -196,11 +196,11 @@ def _call(x2d, packed, k, is_bf16, m, n, pieces, round_bf16, reduce) -> torch.Te
 
 def _engine_call(x2d: torch.Tensor, weight: torch.Tensor, pieces: int, round_partials: bool):
     """``panel_gemm(x2d, weight, pieces, reduce=True, round_to=x2d.dtype if round_partials else
-    None)`` for the call an engine step makes -- no autograd; 2-D rows read in place; fp32, or bf16
-    with an even piece length; CPU; a weight the packed-weight cache holds -- with the checks in the
-    order that is cheapest; None for anything else, which then takes the general path (and raises
-    there for bad input). At one row the general path's checks cost as much as the GEMM itself
-    (issue 3's M=1 rows: ~14 us against ~9 for the default's MKL call)."""
+    None).to(x2d.dtype)`` for the call an engine step makes -- no autograd; 2-D rows read in place;
+    fp32, or bf16 with an even piece length; CPU; a weight the packed-weight cache holds -- with the
+    checks in the order that is cheapest; None for anything else, which then takes the general path
+    (and raises there for bad input). At one row the general path's checks cost as much as the GEMM
+    itself (issue 3's M=1 rows: ~14 us against ~9 for the default's MKL call)."""
     dtype = x2d.dtype
     if dtype is not weight.dtype or not (dtype is torch.float32 or dtype is torch.bfloat16):
         return None
@@ -220,22 +220,13 @@ def _engine_call(x2d: torch.Tensor, weight: torch.Tensor, pieces: int, round_par
         return None
     n = w_shape[0]
     is_bf16 = dtype is torch.bfloat16
-    out = torch.empty(m, n, dtype=torch.float32)
-    _build.library().zm_panel_gemm(
-        x2d.data_ptr(),
-        x_stride[0],
-        packed.data_ptr(),
-        packed.shape[0],
-        k,
-        is_bf16,
-        m,
-        n,
-        pieces,
-        round_partials and is_bf16,
-        True,
-        out.data_ptr(),
-        torch.get_num_threads(),
-    )  # fmt: skip  (status: the checks above are the kernel's own)
+    # in x's dtype: a bf16 result is rounded by torch's cast in C (the general path's .to(bfloat16))
+    out = torch.empty(m, n, dtype=dtype)
+    args = (x2d.data_ptr(), x_stride[0], packed.data_ptr(), packed.shape[0], k, is_bf16, m, n, pieces)
+    # (the kernel's own refusals are the checks above)
+    _build.library().zm_panel_gemm_reduced(
+        *args, round_partials and is_bf16, out.data_ptr(), is_bf16, torch.get_num_threads()
+    )
     return out
 
 
@@ -281,7 +272,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is None and x.dim() == 2:
         out = _engine_call(x, weight, 1, round_partials=False)
         if out is not None:
-            return out if x.dtype is torch.float32 else out.to(x.dtype)
+            return out
     if x.dtype not in _NATIVE_DTYPES or weight.dtype not in _NATIVE_DTYPES:
         return aligned_dense.linear(x, weight, bias)
     aligned_dense._check_linear(x, weight, bias)
@@ -373,7 +364,6 @@ def row_parallel_linear(
         collectives.check_virtual_shards(x2d.shape[1], 1, virtual_shards)
         out = _engine_call(x2d, weight_local, virtual_shards, round_partials=True) if bias is None else None
         if out is not None:
-            out = out if x_local.dtype is torch.float32 else out.to(x_local.dtype)
             return out.reshape(*x_local.shape[:-1], weight_local.shape[0]) if flat else out
         out = _product(x2d, weight_local, pieces=virtual_shards, round_to=x2d.dtype)
     else:

@@ -29,6 +29,8 @@ int zm_moe_experts(const void *, int, int64_t, int64_t, const int64_t *, const f
 int zm_causal_conv1d(const void *, int, int64_t, int64_t, const float *, int64_t, const float *, const int64_t *,
                      int64_t, const void *, int, void *, void *, int);
 void zm_uniform_rows(const uint64_t *, int64_t, int64_t, float *);
+int zm_panel_gemm_reduced(const void *, int64_t, const void *, int64_t, int64_t, int, int64_t, int64_t, int64_t, int,
+                          void *, int, int);
 void zm_silu_mul(const void *, const void *, int, int64_t, int64_t, int64_t, int64_t, void *, int);
 
 #define MAX_ARGS 24
@@ -48,14 +50,14 @@ static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, cons
             if (f[j] == -1.0 && PyErr_Occurred()) return -1;
         } else if (sig[j] == 'p' && arg == Py_None) {
             a[j] = 0;
-        } else {
-            if (!PyLong_Check(arg)) {
-                PyErr_Format(PyExc_TypeError, "%s: argument %zd must be an int, not %.80s", name, j,
-                             Py_TYPE(arg)->tp_name);
+        } else { /* an int, or anything with __index__ (as ctypes' integer types take); not a float */
+            a[j] = PyLong_AsLongLong(arg);
+            if (a[j] == -1 && PyErr_Occurred()) {
+                if (PyErr_ExceptionMatches(PyExc_TypeError)) /* (an OverflowError keeps its own message) */
+                    PyErr_Format(PyExc_TypeError, "%s: argument %zd must be an integer, not %.80s", name, j,
+                                 Py_TYPE(arg)->tp_name);
                 return -1;
             }
-            a[j] = PyLong_AsLongLong(arg);
-            if (a[j] == -1 && PyErr_Occurred()) return -1;
         }
     }
     return 0;
@@ -84,6 +86,8 @@ static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, cons
 
 DEFINE_INT(zm_panel_gemm, "pLpLLiLLLiipi",
            zm_panel_gemm(P(0), L(1), P(2), L(3), L(4), I(5), L(6), L(7), L(8), I(9), I(10), P(11), I(12)))
+DEFINE_INT(zm_panel_gemm_reduced, "pLpLLiLLLipii",
+           zm_panel_gemm_reduced(P(0), L(1), P(2), L(3), L(4), I(5), L(6), L(7), L(8), I(9), P(10), I(11), I(12)))
 DEFINE_INT(zm_attention, "pppiipLpLLpppLLLLLfpi",
            zm_attention(P(0), P(1), P(2), I(3), I(4), P(5), L(6), P(7), L(8), L(9), P(10), P(11), P(12), L(13),
                         L(14), L(15), L(16), L(17), F(18), P(19), I(20)))
@@ -108,7 +112,7 @@ DEFINE_VOID(zm_silu_mul, "ppiLLLLpi", zm_silu_mul(P(0), P(1), I(2), L(3), L(4), 
 static PyMethodDef methods[] = {
     METHOD(zm_panel_gemm), METHOD(zm_attention),     METHOD(zm_ssm_scan),      METHOD(zm_rms_norm),
     METHOD(zm_rope),       METHOD(zm_moe_experts),   METHOD(zm_causal_conv1d), METHOD(zm_uniform_rows),
-    METHOD(zm_silu_mul),   {NULL, NULL, 0, NULL},
+    METHOD(zm_silu_mul),   METHOD(zm_panel_gemm_reduced), {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "zm_native", NULL, -1, methods,
