@@ -4,7 +4,7 @@ One run measures all three side by side on the same weights and the same prompts
 - ``engine-aligned`` and ``engine-default``: ``zeromismatch.engine.LLM`` with the aligned
   and the default kernel sets (continuous batching, all prompts admitted at once);
 - ``engine-aligned-native``: the same engine with the aligned-native set (the aligned set with
-  its attention and Mamba2 scan in fixed-order C, kernels/native), when a C compiler is available
+  its hot ops in fixed-order C, kernels/native), when a C compiler is available
   (``--no-native`` skips it);
 - ``hf-generate``: Hugging Face transformers ``generate`` on a model built from the same
   config and loaded with the same HF state dict (``state_dict_hf``), left-padded batch,

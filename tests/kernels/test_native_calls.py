@@ -144,3 +144,61 @@ def test_bf16_partials_round_like_the_portable_rule_on_nan_inf_and_overflow(monk
     linear_fast = NATIVE.linear(x, w)
     linear_general = NATIVE.linear(x.clone().requires_grad_(), w).detach()
     assert torch.equal(linear_fast.view(torch.int16), linear_general.view(torch.int16))
+
+
+def test_fast_call_refuses_a_non_int_address():
+    """As ctypes' c_void_p: a tensor (or anything else with __index__) passed for a pointer would be a
+    wild address; integers elsewhere may come through __index__, as ctypes' integer types take them."""
+    lib = _build.library()
+    if not lib.fast:
+        pytest.skip("built without Python.h: every call is the ctypes one")
+    with pytest.raises(TypeError, match="argument 0 must be an address"):
+        lib.zm_panel_gemm(torch.tensor([5]), *([1] * 12))
+
+
+def test_library_binds_its_own_calls_to_itself():
+    """With RTLD_GLOBAL in the dlopen flags a second build (the tests' -O0 one) would call the first
+    build's kernels through the PLT from its fast-call wrappers (found in review); -Bsymbolic binds
+    the library's calls to its own definitions."""
+    import shutil
+    import subprocess
+
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf is not installed")
+    _build.library()
+    key = _build.loaded_builds()[-1]["cache_key"]
+    dynamic = subprocess.run(
+        ["readelf", "-d", str(_build.cache_dir() / key / "zm_native.so")], capture_output=True, text=True
+    )
+    assert "SYMBOLIC" in dynamic.stdout
+
+
+def test_engine_bf16_output_uses_this_torchs_nan_encoding(tmp_path):
+    """torch's fp32 -> bf16 cast writes a nan as 0xffff (vectorized) or 0x7fc0 (c10's scalar cast, e.g.
+    under ATEN_CPU_CAPABILITY=default); the engine's call writes bf16 in C and must match the
+    trainer's route (torch's cast) in either process (found in review)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from zeromismatch.kernels.native import NativeKernels, gemm\n"
+        "N = NativeKernels()\n"
+        "x = torch.randn(5, 64).bfloat16(); w = torch.randn(24, 64).bfloat16(); x[1, 3] = float('nan')\n"
+        "with torch.no_grad(): fast = N.row_parallel_linear(x, w)\n"
+        "general = N.row_parallel_linear(x.clone().requires_grad_(), w).detach()\n"
+        "assert fast.isnan().any()\n"
+        "assert torch.equal(fast.view(torch.int16), general.view(torch.int16))\n"
+        "print(hex(gemm.torch_bf16_nan_bits()))\n"
+    )
+    encodings = set()
+    for capability in ("default", None):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("ATEN_CPU_CAPABILITY", None)
+        if capability:
+            env["ATEN_CPU_CAPABILITY"] = capability
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        encodings.add(proc.stdout.strip())
+    assert "0x7fc0" in encodings  # the scalar cast was exercised, not only the vectorized one

@@ -49,6 +49,10 @@ ENTRY_POINTS = (
 #: last on the command line, so no earlier flag can override them.
 REQUIRED_FLAGS = ("-ffp-contract=off", "-fno-fast-math")
 DEFAULT_FLAGS = ("-O3", "-march=native")
+#: the library's own calls between its functions (the fast-call wrappers, moe.c's GEMMs) bind to its
+#: own definitions: with RTLD_GLOBAL in the dlopen flags (some MPI set-ups) a second build (the
+#: tests' -O0 one) would otherwise call the first build's kernels through the PLT (found in review)
+LINK_FLAGS = ("-Wl,-Bsymbolic",)
 #: flags that would reassociate or contract floating-point math even before REQUIRED_FLAGS
 _FORBIDDEN_PREFIXES = ("-Ofast", "-ffast-math", "-fassociative-math", "-funsafe-math", "-ffp-contract=")
 
@@ -113,7 +117,8 @@ def _compile(cc: list[str], flags: tuple[str, ...], path: Path, include: str | N
         ) from err
     sources = [str(source) for source in SOURCES]
     shim = [f"-I{include}", str(SHIM)] if include else []
-    cmd = [*cc, *flags, *REQUIRED_FLAGS, "-fopenmp", "-fPIC", "-shared", *sources, *shim, "-o", tmp, "-lm"]
+    cmd = [*cc, *flags, *REQUIRED_FLAGS, "-fopenmp", "-fPIC", "-shared", *LINK_FLAGS, *sources, *shim]
+    cmd += ["-o", tmp, "-lm"]
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -171,8 +176,20 @@ def _load(path: Path, shim: bool) -> NativeLibrary:
     ]  # fmt: skip
     lib.zm_panel_gemm.restype = ctypes.c_int
     lib.zm_panel_gemm_reduced.argtypes = [
-        p, i64, p, i64, i64, ctypes.c_int, i64, i64, i64, ctypes.c_int, p, ctypes.c_int, ctypes.c_int,
-    ]  # fmt: skip
+        p,
+        i64,
+        p,
+        i64,
+        i64,
+        ctypes.c_int,
+        i64,
+        i64,
+        i64,
+        ctypes.c_int,
+        p,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]  # fmt: skip  (bf16_nan_bits: -1 for an fp32 output)
     lib.zm_panel_gemm_reduced.restype = ctypes.c_int
     i32 = ctypes.c_int
     lib.zm_rms_norm.argtypes = [p, i32, i64, i64, i64, i64, i64, i64, i32, p, i32, f32, p, i32, i32]
@@ -220,7 +237,7 @@ def library(flags: tuple[str, ...] | None = None) -> NativeLibrary:
                 [
                     *(path.read_bytes() for path in (*SOURCES, *HEADERS, SHIM)),
                     version.encode(),
-                    " ".join(flags).encode(),
+                    " ".join((*flags, *LINK_FLAGS)).encode(),
                     _cpu_fingerprint().encode(),
                     # the shim is built against this interpreter's headers and ABI
                     f"shim {include} {sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode()

@@ -196,9 +196,11 @@ static void tree_sum_tiles(float (*t)[MR * NV * PANEL], int64_t count, int64_t l
  * is not a whole divisor of k (with an even quotient for bf16), or reduce asks for too many. */
 #define ZM_MAX_TREE_PIECES 16
 
-/* n fp32 values as bf16 by torch's cast (zm_torch_bf16: nearest even, a nan -> 0xffff): the reduced
- * output of a bf16 call is written in x's dtype here, not rounded by a second pass in torch */
-static void store_bf16(uint16_t *dst, const float *src, int64_t n) {
+/* n fp32 values as bf16 as torch's cast rounds them: nearest even, and a nan as `nan_bits` (torch's
+ * vectorized cast writes 0xffff, its scalar one 0x7fc0; the caller passes the encoding this process's
+ * torch uses, gemm.py::torch_bf16_nan_bits). The reduced output of a bf16 call is written in x's
+ * dtype here, not rounded by a second pass in torch. */
+static void store_bf16(uint16_t *dst, const float *src, int64_t n, uint16_t nan_bits) {
     int64_t i = 0;
 #ifdef __AVX512F__
     for (; i + PANEL <= n; i += PANEL) {
@@ -206,15 +208,16 @@ static void store_bf16(uint16_t *dst, const float *src, int64_t n) {
         const __m512i bits = _mm512_castps_si512(v);
         const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
         __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0xffff));
+        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(nan_bits));
         _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
     }
 #endif
-    for (; i < n; i++) dst[i] = zm_torch_bf16(src[i]);
+    for (; i < n; i++) dst[i] = src[i] != src[i] ? nan_bits : zm_torch_bf16(src[i]);
 }
 
 static int panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
-                      int64_t n, int64_t pieces, int round_bf16, int reduce, void *out, int out_bf16, int threads) {
+                      int64_t n, int64_t pieces, int round_bf16, int reduce, void *out, int out_bf16,
+                      uint16_t nan_bits, int threads) {
     if (pieces < 1 || k % pieces != 0 || (is_bf16 && (k / pieces) % 2 != 0) ||
         (reduce && pieces > ZM_MAX_TREE_PIECES) || (out_bf16 && !reduce))
         return 1;
@@ -244,7 +247,7 @@ static int panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanel
                 tree_sum_tiles(tile, tiles, mr * NV * PANEL);
                 for (int i = 0; i < mr; i++) {
                     if (out_bf16)
-                        store_bf16((uint16_t *)out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols);
+                        store_bf16((uint16_t *)out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols, nan_bits);
                     else
                         memcpy((float *)out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols * sizeof(float));
                 }
@@ -256,13 +259,17 @@ static int panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanel
 
 int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
                   int64_t n, int64_t pieces, int round_bf16, int reduce, float *out, int threads) {
-    return panel_gemm(x, ldx, wp, npanels, k, is_bf16, m, n, pieces, round_bf16, reduce, out, 0, threads);
+    return panel_gemm(x, ldx, wp, npanels, k, is_bf16, m, n, pieces, round_bf16, reduce, out, 0, 0, threads);
 }
 
-/* zm_panel_gemm with reduce = 1 and the output written in bf16 (out_bf16, torch's cast of the fp32
- * sums) or fp32: the engine's call, which returns x's dtype. Returns 1 as zm_panel_gemm does. */
+/* zm_panel_gemm with reduce = 1 and the output written in fp32 (bf16_nan_bits < 0) or in bf16, a nan
+ * encoded as bf16_nan_bits (0..0xffff): the engine's call, which returns x's dtype. Returns 1 as
+ * zm_panel_gemm does, and for an encoding outside 16 bits. */
 int zm_panel_gemm_reduced(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16,
-                          int64_t m, int64_t n, int64_t pieces, int round_bf16, void *out, int out_bf16,
+                          int64_t m, int64_t n, int64_t pieces, int round_bf16, void *out, int bf16_nan_bits,
                           int threads) {
-    return panel_gemm(x, ldx, wp, npanels, k, is_bf16, m, n, pieces, round_bf16, 1, out, out_bf16, threads);
+    if (bf16_nan_bits > 0xffff) return 1;
+    const int out_bf16 = bf16_nan_bits >= 0;
+    return panel_gemm(x, ldx, wp, npanels, k, is_bf16, m, n, pieces, round_bf16, 1, out, out_bf16,
+                      (uint16_t)(out_bf16 ? bf16_nan_bits : 0), threads);
 }

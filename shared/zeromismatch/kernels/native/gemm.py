@@ -220,14 +220,46 @@ def _engine_call(x2d: torch.Tensor, weight: torch.Tensor, pieces: int, round_par
         return None
     n = w_shape[0]
     is_bf16 = dtype is torch.bfloat16
-    # in x's dtype: a bf16 result is rounded by torch's cast in C (the general path's .to(bfloat16))
+    nan_bits = -1  # an fp32 output
+    if is_bf16:
+        nan_bits = _TORCH_BF16_NAN_BITS if _TORCH_BF16_NAN_BITS is not None else _probe_nan_bits()
+        if nan_bits < 0:  # a torch whose cast this file cannot name: the general path lets torch round
+            return None
+    # in x's dtype: a bf16 result is rounded as torch's cast rounds it, in C (the general path's
+    # .to(bfloat16), the trainer's route, must give the same bits, nan encoding included)
     out = torch.empty(m, n, dtype=dtype)
     args = (x2d.data_ptr(), x_stride[0], packed.data_ptr(), packed.shape[0], k, is_bf16, m, n, pieces)
-    # (the kernel's own refusals are the checks above)
-    _build.library().zm_panel_gemm_reduced(
-        *args, round_partials and is_bf16, out.data_ptr(), is_bf16, torch.get_num_threads()
+    status = _build.library().zm_panel_gemm_reduced(
+        *args, round_partials and is_bf16, out.data_ptr(), nan_bits, torch.get_num_threads()
     )
+    if status != 0:  # unreachable after the checks above, which are the kernel's own
+        raise RuntimeError(f"zm_panel_gemm_reduced refused pieces={pieces} for input dim {k}")
     return out
+
+
+#: the bf16 bits this process's torch writes for a nan when it casts fp32 to bf16, or -2 when that
+#: is not one encoding (``torch_bf16_nan_bits``); None until the first bf16 engine call asks
+_TORCH_BF16_NAN_BITS: int | None = None
+
+
+def torch_bf16_nan_bits() -> int | None:
+    """The encoding torch's fp32 -> bf16 cast gives every nan in this process: 0xffff from its
+    vectorized (AVX2/AVX-512) conversion, 0x7fc0 from c10's scalar one (e.g. under
+    ``ATEN_CPU_CAPABILITY=default``, found in review); None when it is not one encoding for every
+    length and sign. Other values round to nearest even either way."""
+    seen = set()
+    for length in (1, 7, 15, 16, 17, 31, 32, 33, 64, 100, 1000):
+        nans = torch.full((length,), float("nan"))
+        nans[::2] = -nans[::2]
+        seen.update(int(b) & 0xFFFF for b in nans.to(torch.bfloat16).view(torch.int16).unique().tolist())
+    return seen.pop() if len(seen) == 1 else None
+
+
+def _probe_nan_bits() -> int:
+    global _TORCH_BF16_NAN_BITS
+    bits = torch_bf16_nan_bits()
+    _TORCH_BF16_NAN_BITS = -2 if bits is None else bits
+    return _TORCH_BF16_NAN_BITS
 
 
 class _NativeMatmul(torch.autograd.Function):

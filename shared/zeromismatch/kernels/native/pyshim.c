@@ -35,7 +35,7 @@ void zm_silu_mul(const void *, const void *, int, int64_t, int64_t, int64_t, int
 
 #define MAX_ARGS 24
 
-/* args -> a[] by sig: 'p' a pointer (int or None), 'i'/'L' an integer, 'f' a float (in f[]). */
+/* args -> a[] by sig: 'p' a pointer (int or None), 'i'/'L' an integer (__index__), 'f' a float (in f[]). */
 static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, const char *sig, int64_t *a,
                  double *f) {
     const Py_ssize_t want = (Py_ssize_t)strlen(sig);
@@ -50,6 +50,10 @@ static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, cons
             if (f[j] == -1.0 && PyErr_Occurred()) return -1;
         } else if (sig[j] == 'p' && arg == Py_None) {
             a[j] = 0;
+        } else if (sig[j] == 'p' && !PyLong_Check(arg)) { /* as ctypes' c_void_p: an int address or None */
+            PyErr_Format(PyExc_TypeError, "%s: argument %zd must be an address (int) or None, not %.80s", name, j,
+                         Py_TYPE(arg)->tp_name);
+            return -1;
         } else { /* an int, or anything with __index__ (as ctypes' integer types take); not a float */
             a[j] = PyLong_AsLongLong(arg);
             if (a[j] == -1 && PyErr_Occurred()) {

@@ -4,7 +4,8 @@
  *   x   = -g
  *   e   = +inf                                   if x > 88
  *         exp(max(x, -87)) by the rule below     otherwise (a nan x: exp(-87); g / (...) is nan)
- *   out = round((g / (1 + e)) * u)               each operation rounded once to fp32, then to the
+ *   s   = g / (1 + e)
+ *   out = round(s * u), or s when s is nan       each operation rounded once to fp32, then to the
  *                                                output dtype (bf16: torch's cast, a nan -> 0xffff)
  * exp(y), -87 <= y <= 88: n = (fma(y, log2 e, 1.5 * 2^23) - 1.5 * 2^23) (round to nearest even),
  * r = fma(n, -C1, y), r = fma(n, C2, r) (Cody-Waite, C1 + C2 = ln 2), p = Horner of the degree-7
@@ -53,11 +54,16 @@ static inline float silu_fma(float g) {
     return g / (1.0f + p * scale);
 }
 
+/* s * u, except that a nan s is the result itself: with both operands nan, which payload a product
+ * keeps depends on the operand order the compiler picked (the -O0 build kept u's, found in review) */
+static inline float times_up(float s, float u) { return s != s ? s : s * u; }
+
 static inline void silu_mul_row_c(const char *g, const char *u, char *o, int64_t cols, int bf16) {
-    for (int64_t j = 0; j < cols; j++) zm_store(o, bf16, j, silu_fma(zm_load(g, bf16, j)) * zm_load(u, bf16, j));
+    for (int64_t j = 0; j < cols; j++)
+        zm_store(o, bf16, j, times_up(silu_fma(zm_load(g, bf16, j)), zm_load(u, bf16, j)));
 }
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) /* (the masked 16-bit loads) */
 static inline __m512 silu_fma16(__m512 g) {
     const __m512 x = _mm512_sub_ps(_mm512_setzero_ps(), g);
     const __m512 y = _mm512_max_ps(x, _mm512_set1_ps(-87.0f)); /* a nan x gives -87, as fmaxf */
@@ -98,14 +104,18 @@ static inline void store16(char *base, int bf16, int64_t j, __m512 v, __mmask16 
     _mm256_mask_storeu_epi16((uint16_t *)base + j, mask, _mm512_cvtepi32_epi16(r));
 }
 
+/* times_up on 16 lanes */
+static inline __m512 times_up16(__m512 s, __m512 u) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q), _mm512_mul_ps(s, u), s);
+}
+
 static inline void silu_mul_row(const char *g, const char *u, char *o, int64_t cols, const int bf16) {
     int64_t j = 0;
     for (; j + LANES <= cols; j += LANES)
-        store16(o, bf16, j, _mm512_mul_ps(silu_fma16(load16(g, bf16, j, 0xffff)), load16(u, bf16, j, 0xffff)),
-                0xffff);
+        store16(o, bf16, j, times_up16(silu_fma16(load16(g, bf16, j, 0xffff)), load16(u, bf16, j, 0xffff)), 0xffff);
     if (j < cols) {
         const __mmask16 tail = (__mmask16)((1u << (cols - j)) - 1u);
-        store16(o, bf16, j, _mm512_mul_ps(silu_fma16(load16(g, bf16, j, tail)), load16(u, bf16, j, tail)), tail);
+        store16(o, bf16, j, times_up16(silu_fma16(load16(g, bf16, j, tail)), load16(u, bf16, j, tail)), tail);
     }
 }
 #else

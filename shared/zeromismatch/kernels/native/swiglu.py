@@ -71,8 +71,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             g_stride, u_stride = gate.stride(), up.stride()
             rows, cols = shape
             if g_stride[1] == 1 and u_stride[1] == 1 and rows and cols:
-                # (empty_like: gate's strides when it is dense, i.e. contiguous rows here, else contiguous)
-                out = torch.empty_like(gate)
+                # (not empty_like: it copies an overlapping view's stride order, found in review)
+                out = torch.empty(shape, dtype=dtype)
                 _build.library().zm_silu_mul(
                     gate.data_ptr(), up.data_ptr(), dtype is torch.bfloat16, rows, cols, g_stride[0],
                     u_stride[0], out.data_ptr(), torch.get_num_threads(),
