@@ -127,15 +127,25 @@ def test_bf16_partials_round_like_the_portable_rule_on_nan_inf_and_overflow(monk
     w = scaled_randn(gen, 40, 64, dtype=torch.bfloat16, scale=0.3)
     x[0, 3] = float("nan")
     x[1, 5] = float("inf")
-    x[2, 0:2] = 3e38  # partials that round up past the bf16 maximum: inf
+    # a finite fp32 partial above the bf16 maximum (3.3895e38), which the rounding turns into inf:
+    # 2^127 * (1 + 126/128) times 1 + 2^-7 = 3.40265e38, alone in its row (piece 0 holds k = 0..15)
+    x[2] = 0.0
+    x[2, 0] = 2.0**127 * 1.984375
+    w[:, 0] = 1.0078125
     x[3, 9] = float("-inf")
-    x[4] = 1e-20  # tiny partials: the rule flushes below FLT_MIN, never a denormal
+    # partials near FLT_MIN (2^-63 * 2^-63 = 2^-126), where the bf16 rule flushes what falls below it
+    x[4] = 0.0
+    x[4, 1], x[4, 2] = 2.0**-63, 2.0**-64
+    w[:, 1], w[:, 2] = 2.0**-63, 2.0**-63
     with torch.no_grad():
         vectorized = NATIVE.row_parallel_linear(x, w)
         monkeypatch.setattr(_build, "build_flags", ("-O0",))
         scalar = NATIVE.row_parallel_linear(x, w)
     assert torch.equal(vectorized.view(torch.int16), scalar.view(torch.int16))
     assert vectorized.isnan().any() and vectorized.isinf().any()  # the specials were reached
+    assert vectorized[2].isinf().all()  # the overflow, from finite inputs
+    tiny = vectorized[4].float().abs()
+    assert ((tiny > 0) & (tiny < 1e-37)).any()  # normal partials just above FLT_MIN survived
     # the engine's call writes bf16 itself: torch's cast of the same fp32 sums (the autograd route's
     # .to(bfloat16)), nan encoding included
     monkeypatch.undo()
@@ -202,3 +212,63 @@ def test_engine_bf16_output_uses_this_torchs_nan_encoding(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         encodings.add(proc.stdout.strip())
     assert "0x7fc0" in encodings  # the scalar cast was exercised, not only the vectorized one
+
+
+def test_nan_probe_ignores_the_default_dtype():
+    """The probe casts fp32, as the trainer's route does, whatever the default dtype (a bf16 default
+    made it report bf16 -> bf16's encoding; found in review)."""
+    expected = native_gemm.torch_bf16_nan_bits()
+    saved = torch.get_default_dtype()
+    try:
+        for dtype in (torch.float64, torch.bfloat16, torch.float16):
+            torch.set_default_dtype(dtype)
+            assert native_gemm.torch_bf16_nan_bits() == expected
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def test_native_ops_allocate_on_the_cpu_whatever_the_default_device():
+    """Outputs the C code writes through raw pointers must be CPU tensors even under another default
+    device ("meta" stands in for a GPU; the process used to crash)."""
+    gen = torch.Generator().manual_seed(6)
+    x, w = scaled_randn(gen, 3, 32), scaled_randn(gen, 24, 32)
+    g, u = scaled_randn(gen, 3, 32), scaled_randn(gen, 3, 32)
+    with torch.no_grad():
+        expected = (NATIVE.linear(x, w), NATIVE.row_parallel_linear(x, w[:, :32]), NATIVE.silu_mul(g, u))
+        torch.set_default_device("meta")
+        try:
+            got = (NATIVE.linear(x, w), NATIVE.row_parallel_linear(x, w[:, :32]), NATIVE.silu_mul(g, u))
+        finally:
+            torch.set_default_device(None)
+    for a, b in zip(expected, got):
+        assert b.device.type == "cpu" and torch.equal(a, b)
+
+
+def test_short_lived_view_weights_leave_no_front_entries():
+    gen = torch.Generator().manual_seed(7)
+    x, base = scaled_randn(gen, 1, 32), scaled_randn(gen, 96, 32)
+    aligned_gemm.clear_packed_weights()
+    with torch.no_grad():
+        for _ in range(50):
+            NATIVE.linear(x, base[:48])  # a new view object each call, dead after it
+    assert _front_size() <= 1
+    aligned_gemm.clear_packed_weights()
+
+
+def test_a_broken_python_header_falls_back_to_ctypes(monkeypatch, tmp_path):
+    """A Python.h that does not compile (a mismatched or partial install) must not take the native
+    set away: the kernels are built without the fast-call module and called through ctypes."""
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "Python.h").write_text("#error not a usable Python.h\n")
+    monkeypatch.setattr(_build, "_python_include", lambda: str(include))
+    monkeypatch.setenv("ZEROMISMATCH_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_build, "_loaded", {})
+    monkeypatch.setattr(_build, "_build_info", {})
+    lib = _build.library()
+    assert not lib.fast
+    assert _build.loaded_builds()[-1]["calls"].startswith("ctypes (the fast-call module failed")
+    out = torch.empty(3, 10)
+    seeds = torch.tensor([1, 2, 3], dtype=torch.int64)
+    lib.zm_uniform_rows(seeds.data_ptr(), 3, 10, out.data_ptr())
+    assert ((out >= 0) & (out < 1)).all()

@@ -259,9 +259,17 @@ class _PackedWeights:
         key = (tag, (id(root), weight.data_ptr(), weight.shape, weight.stride(), weight.dtype))
         held = self.entries.get(key)
         if held is not None and held[3] is value:  # not a value too large to keep (built, not cached)
-            self.front[(id(weight), tag)] = (
-                weakref.ref(weight), weight._version, weight.data_ptr(), weight.shape, weight.stride(),
-                weight.dtype, weakref.ref(weight.untyped_storage()), value,
+            front_key, front = (id(weight), tag), self.front
+
+            def forget(ref, front_key=front_key, front=front) -> None:
+                # a short-lived view's entry goes with it (else they pile up until the next removal)
+                entry = front.get(front_key)
+                if entry is not None and entry[0] is ref:
+                    del front[front_key]
+
+            self.front[front_key] = (
+                weakref.ref(weight, forget), weight._version, weight.data_ptr(), weight.shape,
+                weight.stride(), weight.dtype, weakref.ref(weight.untyped_storage()), value,
             )  # fmt: skip
         return value
 

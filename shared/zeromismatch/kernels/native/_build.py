@@ -1,7 +1,8 @@
 """Compile and load the native kernels (plain C; no torch extension build).
 
 Calls go through a CPython fast-call module compiled into the same library (pyshim.c; ~0.2 us a
-call instead of ctypes' ~2 us) when this interpreter's Python.h is present, else through ctypes.
+call instead of ctypes' ~2 us) when this interpreter's Python.h is present and the module builds
+and loads, else through ctypes (the same C functions, so the same bits).
 
 The shared library is built once per (source, compiler, flags, CPU) into
 ``$ZEROMISMATCH_NATIVE_CACHE`` (default ``~/.cache/zeromismatch/native``) and reused; a build
@@ -232,39 +233,54 @@ def library(flags: tuple[str, ...] | None = None) -> NativeLibrary:
             version = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=True).stdout
         except (OSError, subprocess.CalledProcessError) as err:
             raise NativeBuildError(f"{' '.join(cc)} --version failed: {err}") from err
-        key = hashlib.sha256(
-            b"\0".join(
-                [
-                    *(path.read_bytes() for path in (*SOURCES, *HEADERS, SHIM)),
-                    version.encode(),
-                    " ".join((*flags, *LINK_FLAGS)).encode(),
-                    _cpu_fingerprint().encode(),
-                    # the shim is built against this interpreter's headers and ABI
-                    f"shim {include} {sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode()
-                    if include
-                    else b"no shim",
-                ]
-            )
-        ).hexdigest()[:16]
-        path = cache_dir() / key / "zm_native.so"
-        if not path.exists():
-            _compile(cc, flags, path, include)
         try:
-            lib = _load(path, include is not None)
-        except (OSError, AttributeError):  # a damaged cache entry (or a missing symbol): build it again, once
-            _compile(cc, flags, path, include)
-            try:
-                lib = _load(path, include is not None)
-            except (OSError, AttributeError) as err:
-                raise NativeBuildError(f"loading {path} failed: {err}") from err
+            lib, key = _build_and_load(cc, flags, version, include)
+            calls = "cpython fast-call" if include else "ctypes"
+        except NativeBuildError as err:
+            if include is None:
+                raise
+            # the kernels without the fast-call module: a broken or mismatched Python.h must not take
+            # the whole set away (found in review); calls go through ctypes, the same bits
+            lib, key = _build_and_load(cc, flags, version, None)
+            calls = f"ctypes (the fast-call module failed: {str(err).splitlines()[0][:200]})"
         _loaded[flags] = lib
         _build_info[flags] = {
             "compiler": version.splitlines()[0] if version else " ".join(cc),
-            "flags": " ".join((*flags, *REQUIRED_FLAGS)),
+            "flags": " ".join((*flags, *REQUIRED_FLAGS, *LINK_FLAGS)),
             "cache_key": key,
-            "calls": "cpython fast-call" if include else "ctypes",
+            "calls": calls,
         }
         return lib
+
+
+def _build_and_load(cc: list[str], flags: tuple[str, ...], version: str, include: str | None):
+    """``(library, cache key)`` for these flags, with the fast-call module when ``include`` (the
+    Python.h directory) is given; built into the cache unless a build is there already."""
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                *(path.read_bytes() for path in (*SOURCES, *HEADERS, SHIM)),
+                version.encode(),
+                " ".join((*flags, *REQUIRED_FLAGS, *LINK_FLAGS)).encode(),
+                _cpu_fingerprint().encode(),
+                # the shim is built against this interpreter's headers and ABI
+                f"shim {include} {sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode()
+                if include
+                else b"no shim",
+            ]
+        )
+    ).hexdigest()[:16]
+    path = cache_dir() / key / "zm_native.so"
+    if not path.exists():
+        _compile(cc, flags, path, include)
+    try:
+        return _load(path, include is not None), key
+    except (OSError, AttributeError):  # a damaged cache entry (or a missing symbol): build it again, once
+        _compile(cc, flags, path, include)
+        try:
+            return _load(path, include is not None), key
+        except (OSError, AttributeError) as err:
+            raise NativeBuildError(f"loading {path} failed: {err}") from err
 
 
 def loaded_builds() -> list[dict[str, str]]:

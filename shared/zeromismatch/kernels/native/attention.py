@@ -75,7 +75,7 @@ def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, 
     v_rows = (v_rows if v_rows.dtype in _IN_PLACE_KV else v_rows.float()).contiguous()
     # .contiguous(): ``to(memory_format=...)`` would keep a strided fp32 view
     q32 = q.detach().to(torch.float32).contiguous()
-    out = torch.empty(tq, hq, dv, dtype=torch.float32)
+    out = torch.empty(tq, hq, dv, dtype=torch.float32, device="cpu")
     if tq == 0:
         return out.to(q.dtype)
     status = _build.library().zm_attention(

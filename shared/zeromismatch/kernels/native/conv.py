@@ -55,8 +55,8 @@ def causal_conv1d(
         b32 = None if bias is None else bias.detach().resolve_neg().float().contiguous()
         state = None if conv_state is None else conv_state.detach().resolve_neg().to(x.dtype).contiguous()
         cu64 = cu.contiguous()
-        y = torch.empty(x.shape[0], channels, dtype=x.dtype)
-        new_state = torch.empty(num_seqs, channels, width - 1, dtype=x.dtype)
+        y = torch.empty(x.shape[0], channels, dtype=x.dtype, device="cpu")
+        new_state = torch.empty(num_seqs, channels, width - 1, dtype=x.dtype, device="cpu")
         status = _build.library().zm_causal_conv1d(
             xs.data_ptr(),
             x.dtype == torch.bfloat16,

@@ -86,7 +86,7 @@ def moe_experts(
         # resolve_neg: the C reads raw storage, which a lazily negated view does not hold negated
         ids = topk_ids.detach().resolve_neg().to(torch.int64).contiguous()
         slot_weights = topk_weights.detach().resolve_neg().float().contiguous()
-        out = torch.empty(x.shape[0], hidden, dtype=torch.float32)
+        out = torch.empty(x.shape[0], hidden, dtype=torch.float32, device="cpu")
         status = _build.library().zm_moe_experts(
             xc.data_ptr(),
             x.dtype == torch.bfloat16,

@@ -42,7 +42,7 @@ def _rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """swiglu.c on same-shape, same-dtype (fp32 or bf16) CPU tensors with at least one dim; no autograd."""
-    out = torch.empty(gate.shape, dtype=gate.dtype)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device="cpu")
     cols = gate.shape[-1]
     if out.numel() == 0:
         return out
@@ -72,7 +72,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             rows, cols = shape
             if g_stride[1] == 1 and u_stride[1] == 1 and rows and cols:
                 # (not empty_like: it copies an overlapping view's stride order, found in review)
-                out = torch.empty(shape, dtype=dtype)
+                out = torch.empty(shape, dtype=dtype, device="cpu")
                 _build.library().zm_silu_mul(
                     gate.data_ptr(), up.data_ptr(), dtype is torch.bfloat16, rows, cols, g_stride[0],
                     u_stride[0], out.data_ptr(), torch.get_num_threads(),
