@@ -4,8 +4,8 @@ while the high-performance baseline's train-inference KL grows (2e-3 -> 29.9).
 Mini stand-in: tiny-deepseek-v3 (MLA attention, shared + routed experts, first-k dense
 layers) trained from scratch on the arithmetic env for 101 steps, once on the aligned
 stack and once on the default (fast, unaligned) kernels on both sides; a third arm runs the
-aligned-native set (attention, scan, GEMMs, norms, rope and MoE experts in fixed-order C), which
-must keep the zero diff too.
+aligned-native set (attention, scan, GEMMs, norms, rope, the SwiGLU product and MoE experts in
+fixed-order C), which must keep the zero diff too.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def mini() -> list[Arm]:
         Arm(
             "aligned_native",
             _base(kernels="aligned-native"),
-            "the aligned set with attention, scan, GEMMs, norms, rope and MoE experts in fixed-order C "
-            "(kernels/native) on both sides",
+            "the aligned set with attention, scan, GEMMs, norms, rope, the SwiGLU product and MoE experts in "
+            "fixed-order C (kernels/native) on both sides",
         ),
     ]
 
