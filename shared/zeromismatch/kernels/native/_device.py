@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import torch
 
+#: where the native ops allocate their outputs (explicitly: a default device of "meta" or "cuda"
+#: would hand the C code a pointer it cannot write). A device object, not the string "cpu", which
+#: torch parses on every call (~0.2 us of a one-row call)
+CPU = torch.device("cpu")
+
 #: the one error every native op raises for a tensor off the CPU
 CPU_ONLY = "the aligned-native kernels run on the CPU only (got a tensor on another device)"
 

@@ -33,7 +33,7 @@ from ..aligned import attention as aligned_attention
 from ..aligned.attention import _cached_plan, _check_offsets, check_packed_inputs, check_paged_inputs
 from . import _build
 from ._autograd import native_with_reference_backward
-from ._device import require_cpu
+from ._device import CPU, require_cpu
 
 _IN_PLACE_KV = (torch.float32, torch.bfloat16)
 
@@ -75,7 +75,7 @@ def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, 
     v_rows = (v_rows if v_rows.dtype in _IN_PLACE_KV else v_rows.float()).contiguous()
     # .contiguous(): ``to(memory_format=...)`` would keep a strided fp32 view
     q32 = q.detach().to(torch.float32).contiguous()
-    out = torch.empty(tq, hq, dv, dtype=torch.float32, device="cpu")
+    out = torch.empty(tq, hq, dv, dtype=torch.float32, device=CPU)
     if tq == 0:
         return out.to(q.dtype)
     status = _build.library().zm_attention(

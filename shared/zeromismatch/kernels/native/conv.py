@@ -24,7 +24,7 @@ import torch
 from ..aligned import ssm as aligned_ssm
 from . import _build
 from ._autograd import native_with_reference_backward
-from ._device import require_cpu
+from ._device import CPU, require_cpu
 
 _C_DTYPES = (torch.float32, torch.bfloat16)
 #: widest conv conv.c takes (MAX_TAPS); wider ones keep the aligned op (Mamba2 uses 4)
@@ -55,8 +55,8 @@ def causal_conv1d(
         b32 = None if bias is None else bias.detach().resolve_neg().float().contiguous()
         state = None if conv_state is None else conv_state.detach().resolve_neg().to(x.dtype).contiguous()
         cu64 = cu.contiguous()
-        y = torch.empty(x.shape[0], channels, dtype=x.dtype, device="cpu")
-        new_state = torch.empty(num_seqs, channels, width - 1, dtype=x.dtype, device="cpu")
+        y = torch.empty(x.shape[0], channels, dtype=x.dtype, device=CPU)
+        new_state = torch.empty(num_seqs, channels, width - 1, dtype=x.dtype, device=CPU)
         status = _build.library().zm_causal_conv1d(
             xs.data_ptr(),
             x.dtype == torch.bfloat16,

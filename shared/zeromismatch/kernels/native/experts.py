@@ -29,7 +29,7 @@ from ..aligned import moe as aligned_moe
 from ..aligned.gemm import cached_from_weights
 from . import _build
 from ._autograd import native_with_reference_backward
-from ._device import require_cpu
+from ._device import CPU, require_cpu
 from .gemm import _pack, _uses_bf16_rule
 
 _C_DTYPES = (torch.float32, torch.bfloat16)
@@ -86,7 +86,7 @@ def moe_experts(
         # resolve_neg: the C reads raw storage, which a lazily negated view does not hold negated
         ids = topk_ids.detach().resolve_neg().to(torch.int64).contiguous()
         slot_weights = topk_weights.detach().resolve_neg().float().contiguous()
-        out = torch.empty(x.shape[0], hidden, dtype=torch.float32, device="cpu")
+        out = torch.empty(x.shape[0], hidden, dtype=torch.float32, device=CPU)
         status = _build.library().zm_moe_experts(
             xc.data_ptr(),
             x.dtype == torch.bfloat16,

@@ -48,7 +48,7 @@ from ..base import QuantizedWeight
 from ..quant import cached_dequantize, dequantize
 from . import _build
 from ._autograd import native_with_reference_backward, refuse_double_backward
-from ._device import require_cpu
+from ._device import CPU, require_cpu
 
 #: output columns per panel and panels per register block (must match gemm.c)
 PANEL = 16
@@ -162,7 +162,7 @@ def panel_gemm(
         partials = panel_gemm(x2d, weight, pieces, round_to, cache=cache)
         return collectives.tree_sum_fp32_(list(partials.unbind(0)))
     if m == 0 or n == 0 or k == 0:
-        out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32, device="cpu")
+        out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32, device=CPU)
         return out if k else out.zero_()
     packed = weight.panels if prepacked else _packed(weight, dtype, cache)
     out = _call(x2d, packed, k, dtype == torch.bfloat16, m, n, pieces, round_to == torch.bfloat16, reduce)
@@ -173,7 +173,7 @@ def panel_gemm(
 
 def _call(x2d, packed, k, is_bf16, m, n, pieces, round_bf16, reduce) -> torch.Tensor:
     """gemm.c on checked inputs (x2d rows contiguous, in the rule's dtype; m, n, k >= 1)."""
-    out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32, device="cpu")
+    out = torch.empty(*(() if reduce else (pieces,)), m, n, dtype=torch.float32, device=CPU)
     status = _build.library().zm_panel_gemm(
         x2d.data_ptr(),
         x2d.stride(0),
@@ -227,7 +227,7 @@ def _engine_call(x2d: torch.Tensor, weight: torch.Tensor, pieces: int, round_par
             return None
     # in x's dtype: a bf16 result is rounded as torch's cast rounds it, in C (the general path's
     # .to(bfloat16), the trainer's route, must give the same bits, nan encoding included)
-    out = torch.empty(m, n, dtype=dtype, device="cpu")  # (whatever the default device)
+    out = torch.empty(m, n, dtype=dtype, device=CPU)  # (whatever the default device)
     args = (x2d.data_ptr(), x_stride[0], packed.data_ptr(), packed.shape[0], k, is_bf16, m, n, pieces)
     status = _build.library().zm_panel_gemm_reduced(
         *args, round_partials and is_bf16, out.data_ptr(), nan_bits, torch.get_num_threads()
@@ -250,7 +250,7 @@ def torch_bf16_nan_bits() -> int | None:
     seen = set()
     for length in (1, 7, 15, 16, 17, 31, 32, 33, 64, 100, 1000):
         # fp32 on the CPU whatever the default dtype and device (a bf16 default probed bf16 -> bf16)
-        nans = torch.full((length,), float("nan"), dtype=torch.float32, device="cpu")
+        nans = torch.full((length,), float("nan"), dtype=torch.float32, device=CPU)
         nans[::2] = -nans[::2]
         seen.update(int(b) & 0xFFFF for b in nans.to(torch.bfloat16).view(torch.int16).unique().tolist())
     return seen.pop() if len(seen) == 1 else None

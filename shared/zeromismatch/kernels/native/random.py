@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from . import _build
+from ._device import CPU
 
 #: why the library did not build, once it failed (the sampler then keeps its torch loop; no retry
 #: per step)
@@ -45,7 +46,7 @@ def uniform_rows(seeds: list[int], cols: int) -> torch.Tensor | None:
     bad = [s for s in seeds if not 0 <= s < 1 << 64]
     if bad:
         raise ValueError(f"generator seeds must lie in [0, 2^64), got {bad[:3]}")
-    out = torch.empty(len(seeds), cols, dtype=torch.float32, device="cpu")
+    out = torch.empty(len(seeds), cols, dtype=torch.float32, device=CPU)
     if out.numel():
         # uint64 through an int64 tensor: the same 8 bytes
         signed = torch.tensor([s - (1 << 64) if s >= 1 << 63 else s for s in seeds], dtype=torch.int64)

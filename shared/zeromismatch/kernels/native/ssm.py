@@ -21,7 +21,7 @@ import torch
 from ..aligned import ssm as aligned_ssm
 from . import _build
 from ._autograd import native_with_reference_backward
-from ._device import require_cpu
+from ._device import CPU, require_cpu
 
 
 def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,8 +38,8 @@ def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit) -> tuple[torch
 
     x32, dt32, a32, b32, c32, d32, bias32 = (f32(t) for t in (x, dt, A, B, C, D, dt_bias))
     state_in = None if ssm_state is None else f32(ssm_state)
-    state_out = torch.empty(num_seqs, heads, head_dim, n_state, dtype=torch.float32, device="cpu")
-    y = torch.empty(total, heads, head_dim, dtype=torch.float32, device="cpu")
+    state_out = torch.empty(num_seqs, heads, head_dim, n_state, dtype=torch.float32, device=CPU)
+    y = torch.empty(total, heads, head_dim, dtype=torch.float32, device=CPU)
     status = _build.library().zm_ssm_scan(
         x32.data_ptr(),
         dt32.data_ptr(),
