@@ -24,6 +24,17 @@ def test_fast_calls_are_built_where_python_headers_are():
     assert _build.loaded_builds()[-1]["calls"] == ("cpython fast-call" if lib.fast else "ctypes")
 
 
+def test_fast_call_signatures_are_the_ctypes_table():
+    """pyshim.c parses each entry point's arguments by a signature string of its own (its docstring);
+    the ctypes argtypes come from _build.SIGNATURES: the two must name the same arguments."""
+    lib = _build.library()
+    if not lib.fast:
+        pytest.skip("built without Python.h: every call is the ctypes one")
+    for name in _build.ENTRY_POINTS:
+        assert getattr(lib.module, name).__doc__ == _build.SIGNATURES[name][0], name
+    assert set(_build.ENTRY_POINTS) == {n for n in dir(lib.module) if n.startswith("zm_")}
+
+
 def test_fast_call_and_ctypes_give_the_same_bits():
     lib = _build.library()
     if not lib.fast:

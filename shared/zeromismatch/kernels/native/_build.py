@@ -38,14 +38,28 @@ _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
 _SOURCE_NAMES = ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c", "moe.c", "conv.c", "swiglu.c")
 SOURCES = tuple(_HERE / name for name in _SOURCE_NAMES)
-HEADERS = (_HERE / "fixed_math.h", _HERE / "gemm.h")
+HEADERS = (_HERE / "fixed_math.h", _HERE / "entry_points.h")
 #: the CPython fast-call entry points (pyshim.c), compiled in when Python's headers are present
 SHIM = _HERE / "pyshim.c"
+#: each C entry point's arguments as pyshim.c's wrappers parse them ('p' a pointer: an int address or
+#: None; 'i' an int; 'L' an int64; 'f' a float) and its ctypes result type (entry_points.h declares
+#: them; a test checks the fast-call module's signature strings against this table)
+SIGNATURES = {
+    "zm_attention": ("pppiipLpLLpppLLLLLfpi", ctypes.c_int),
+    "zm_ssm_scan": ("ppppppppppppLLLLLffi", ctypes.c_int),
+    "zm_panel_gemm": ("pLpLLiLLLiipi", ctypes.c_int),
+    "zm_panel_gemm_reduced": ("pLpLLiLLLipii", ctypes.c_int),  # (bf16_nan_bits -1: an fp32 output)
+    "zm_rms_norm": ("piLLLLLLipifpii", None),
+    "zm_rope": ("piLLLLLppLipi", ctypes.c_int),
+    "zm_moe_experts": ("piLLppLLLipLLipLLipi", ctypes.c_int),
+    "zm_causal_conv1d": ("piLLpLppLpippi", ctypes.c_int),
+    "zm_uniform_rows": ("pLLp", None),
+    "zm_silu_mul": ("ppiLLLLpi", None),
+    "zm_silu_mul_reference": ("ppLp", None),  # ctypes only: the tests' scalar rule
+}
+_CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int, "L": ctypes.c_int64, "f": ctypes.c_float}
 #: the kernels' C entry points, each reached through the fast-call module when built, else ctypes
-ENTRY_POINTS = (
-    "zm_attention", "zm_ssm_scan", "zm_panel_gemm", "zm_rms_norm", "zm_rope", "zm_moe_experts",
-    "zm_causal_conv1d", "zm_uniform_rows", "zm_silu_mul", "zm_panel_gemm_reduced",
-)  # fmt: skip
+ENTRY_POINTS = tuple(name for name in SIGNATURES if name != "zm_silu_mul_reference")
 #: the flags the sources' bitwise argument relies on: no FMA contraction, no fast-math. They go
 #: last on the command line, so no earlier flag can override them.
 REQUIRED_FLAGS = ("-ffp-contract=off", "-fno-fast-math")
@@ -136,12 +150,13 @@ def _compile(cc: list[str], flags: tuple[str, ...], path: Path, include: str | N
 
 
 class NativeLibrary:
-    """The loaded library: ``cdll`` (ctypes), and each of ``ENTRY_POINTS`` as an attribute taking the
-    same arguments (ints for pointers, None for NULL), from the fast-call module when it was built
-    (``fast`` is True), else the ctypes function."""
+    """The loaded library: ``cdll`` (ctypes), ``module`` (the fast-call module, or None), and each of
+    ``ENTRY_POINTS`` as an attribute taking the same arguments (ints for pointers, None for NULL),
+    from the fast-call module when it was built (``fast`` is True), else the ctypes function."""
 
     def __init__(self, cdll: ctypes.CDLL, module) -> None:
         self.cdll = cdll
+        self.module = module
         self.fast = module is not None
         for name in ENTRY_POINTS:
             setattr(self, name, getattr(module if module is not None else cdll, name))
@@ -163,52 +178,10 @@ def _load(path: Path, shim: bool) -> NativeLibrary:
     except ImportError as err:
         raise OSError(f"the fast-call module in {path} does not load: {err}") from err
     lib = ctypes.CDLL(str(path))
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.zm_attention.argtypes = [
-        p, p, p, ctypes.c_int, ctypes.c_int, p, i64, p, i64, i64, p, p, p, i64, i64, i64, i64, i64,
-        ctypes.c_float, p, ctypes.c_int,
-    ]  # fmt: skip
-    lib.zm_attention.restype = ctypes.c_int
-    f32 = ctypes.c_float
-    lib.zm_ssm_scan.argtypes = [p] * 12 + [i64] * 5 + [f32, f32, ctypes.c_int]
-    lib.zm_ssm_scan.restype = ctypes.c_int
-    lib.zm_panel_gemm.argtypes = [
-        p, i64, p, i64, i64, ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, p, ctypes.c_int,
-    ]  # fmt: skip
-    lib.zm_panel_gemm.restype = ctypes.c_int
-    lib.zm_panel_gemm_reduced.argtypes = [
-        p,
-        i64,
-        p,
-        i64,
-        i64,
-        ctypes.c_int,
-        i64,
-        i64,
-        i64,
-        ctypes.c_int,
-        p,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]  # fmt: skip  (bf16_nan_bits: -1 for an fp32 output)
-    lib.zm_panel_gemm_reduced.restype = ctypes.c_int
-    i32 = ctypes.c_int
-    lib.zm_rms_norm.argtypes = [p, i32, i64, i64, i64, i64, i64, i64, i32, p, i32, f32, p, i32, i32]
-    lib.zm_rms_norm.restype = None
-    lib.zm_rope.argtypes = [p, i32, i64, i64, i64, i64, i64, p, p, i64, i32, p, i32]
-    lib.zm_rope.restype = ctypes.c_int
-    lib.zm_moe_experts.argtypes = [
-        p, i32, i64, i64, p, p, i64, i64, i64, i32, p, i64, i64, i32, p, i64, i64, i32, p, i32,
-    ]  # fmt: skip
-    lib.zm_moe_experts.restype = ctypes.c_int
-    lib.zm_causal_conv1d.argtypes = [p, i32, i64, i64, p, i64, p, p, i64, p, i32, p, p, i32]
-    lib.zm_causal_conv1d.restype = ctypes.c_int
-    lib.zm_uniform_rows.argtypes = [p, i64, i64, p]
-    lib.zm_uniform_rows.restype = None
-    lib.zm_silu_mul.argtypes = [p, p, i32, i64, i64, i64, i64, p, i32]
-    lib.zm_silu_mul.restype = None
-    lib.zm_silu_mul_reference.argtypes = [p, p, i64, p]
-    lib.zm_silu_mul_reference.restype = None
+    for name, (signature, result) in SIGNATURES.items():
+        function = getattr(lib, name)
+        function.argtypes = [_CTYPES[kind] for kind in signature]
+        function.restype = result
     return NativeLibrary(lib, module)
 
 

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "entry_points.h"
 #include "fixed_math.h"
 
 /* elements [d, d + n) of a row (n <= LANES) as fp32, zeros after n */

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "entry_points.h"
 #include "fixed_math.h"
 
 #define MAX_TAPS 16

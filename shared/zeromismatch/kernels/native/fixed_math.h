@@ -132,6 +132,19 @@ static inline uint16_t zm_torch_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+/* zm_torch_bf16 on 16 lanes, with a nan written as nan_bits (0xffff is zm_torch_bf16's): each lane's
+ * bf16 bits in the low half of its 32-bit lane, for _mm512_cvtepi32_epi16 to narrow */
+static inline __m512i zm_torch_bf16_16(__m512 v, uint16_t nan_bits) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(nan_bits));
+}
+#endif
+
 /* element i of an fp32 or bf16 buffer, as fp32 */
 static inline float zm_load(const void *base, int bf16, int64_t i) {
     return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];

@@ -25,7 +25,7 @@
 #endif
 
 #include "fixed_math.h"
-#include "gemm.h"
+#include "entry_points.h"
 
 #define PANEL 16 /* output columns per panel: one 512-bit vector of fp32 accumulators */
 #define NV 4     /* panels per register block (gemm.py pads the panel count to a multiple) */
@@ -204,11 +204,7 @@ static void store_bf16(uint16_t *dst, const float *src, int64_t n, uint16_t nan_
     int64_t i = 0;
 #ifdef __AVX512F__
     for (; i + PANEL <= n; i += PANEL) {
-        const __m512 v = _mm512_loadu_ps(src + i);
-        const __m512i bits = _mm512_castps_si512(v);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(nan_bits));
+        const __m512i r = zm_torch_bf16_16(_mm512_loadu_ps(src + i), nan_bits);
         _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
     }
 #endif

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "fixed_math.h"
-#include "gemm.h"
+#include "entry_points.h"
 
 
 static inline float round_as(int bf16, float v) { return bf16 ? zm_round_bf16(v) : v; }

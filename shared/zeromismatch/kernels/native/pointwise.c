@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "entry_points.h"
 #include "fixed_math.h"
 
 /* v rounded to bf16 and back when bf16, else v */

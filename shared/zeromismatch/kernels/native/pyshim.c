@@ -12,26 +12,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#include "gemm.h"
-
-int zm_attention(const float *, const void *, const void *, int, int, const int64_t *, int64_t, const int64_t *,
-                 int64_t, int64_t, const int64_t *, const int64_t *, const int64_t *, int64_t, int64_t, int64_t,
-                 int64_t, int64_t, float, float *, int);
-int zm_ssm_scan(const float *, const float *, const float *, const float *, const float *, const float *,
-                const float *, const int64_t *, const int64_t *, const float *, float *, float *, int64_t, int64_t,
-                int64_t, int64_t, int64_t, float, float, int);
-void zm_rms_norm(const void *, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, const void *, int,
-                 float, void *, int, int);
-int zm_rope(const void *, int, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t *, const float *, int64_t,
-            int, void *, int);
-int zm_moe_experts(const void *, int, int64_t, int64_t, const int64_t *, const float *, int64_t, int64_t, int64_t,
-                   int, const void *, int64_t, int64_t, int, const void *, int64_t, int64_t, int, float *, int);
-int zm_causal_conv1d(const void *, int, int64_t, int64_t, const float *, int64_t, const float *, const int64_t *,
-                     int64_t, const void *, int, void *, void *, int);
-void zm_uniform_rows(const uint64_t *, int64_t, int64_t, float *);
-int zm_panel_gemm_reduced(const void *, int64_t, const void *, int64_t, int64_t, int, int64_t, int64_t, int64_t, int,
-                          void *, int, int);
-void zm_silu_mul(const void *, const void *, int, int64_t, int64_t, int64_t, int64_t, void *, int);
+#include "entry_points.h"
 
 #define MAX_ARGS 24
 
@@ -75,12 +56,13 @@ static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, cons
 /* DEFINE(name, sig, statement, is_void): a METH_FASTCALL wrapper running the statement (which sets rc
  * for a function returning int) without the GIL; it returns rc, or None for a void function */
 #define DEFINE(NAME, SIG, STATEMENT, IS_VOID)                                                         \
+    static const char sig_##NAME[] = SIG;                                                              \
     static PyObject *py_##NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {              \
         int64_t a[MAX_ARGS];                                                                           \
         double f[MAX_ARGS];                                                                            \
         int rc = 0;                                                                                    \
         (void)self;                                                                                    \
-        if (parse(#NAME, args, nargs, SIG, a, f)) return NULL;                                         \
+        if (parse(#NAME, args, nargs, sig_##NAME, a, f)) return NULL;                                  \
         Py_BEGIN_ALLOW_THREADS STATEMENT;                                                              \
         Py_END_ALLOW_THREADS if (IS_VOID) Py_RETURN_NONE;                                              \
         return PyLong_FromLong(rc);                                                                    \
@@ -112,7 +94,8 @@ DEFINE_INT(zm_causal_conv1d, "piLLpLppLpippi",
 DEFINE_VOID(zm_uniform_rows, "pLLp", zm_uniform_rows(P(0), L(1), L(2), P(3)))
 DEFINE_VOID(zm_silu_mul, "ppiLLLLpi", zm_silu_mul(P(0), P(1), I(2), L(3), L(4), L(5), L(6), P(7), I(8)))
 
-#define METHOD(NAME) {#NAME, (PyCFunction)(void (*)(void))py_##NAME, METH_FASTCALL, NULL}
+/* each function's docstring is its signature string, which _build.SIGNATURES must equal (tested) */
+#define METHOD(NAME) {#NAME, (PyCFunction)(void (*)(void))py_##NAME, METH_FASTCALL, sig_##NAME}
 static PyMethodDef methods[] = {
     METHOD(zm_panel_gemm), METHOD(zm_attention),     METHOD(zm_ssm_scan),      METHOD(zm_rms_norm),
     METHOD(zm_rope),       METHOD(zm_moe_experts),   METHOD(zm_causal_conv1d), METHOD(zm_uniform_rows),

@@ -10,6 +10,8 @@
  */
 #include <stdint.h>
 
+#include "entry_points.h"
+
 #define MT_N 624
 #define MT_M 397
 #define MT_LANES 16

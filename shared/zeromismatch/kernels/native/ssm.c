@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "entry_points.h"
 #include "fixed_math.h"
 
 /* exp for any x: zm_exp up to 88; above, zm_exp(x - ln 2) * 2 (zm_exp's exponent field would

@@ -27,6 +27,7 @@
 #include <immintrin.h>
 #endif
 
+#include "entry_points.h"
 #include "fixed_math.h"
 
 #define LOG2E 1.44269504088896341f
@@ -91,17 +92,13 @@ static inline __m512 load16(const char *base, int bf16, int64_t j, __mmask16 mas
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* zm_torch_bf16 on 16 lanes: round to nearest even, a nan -> 0xffff */
+/* 16 values (those in mask) into an fp32 buffer, or a bf16 one as zm_store writes them */
 static inline void store16(char *base, int bf16, int64_t j, __m512 v, __mmask16 mask) {
     if (!bf16) {
         _mm512_mask_storeu_ps((float *)base + j, mask, v);
         return;
     }
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0xffff));
-    _mm256_mask_storeu_epi16((uint16_t *)base + j, mask, _mm512_cvtepi32_epi16(r));
+    _mm256_mask_storeu_epi16((uint16_t *)base + j, mask, _mm512_cvtepi32_epi16(zm_torch_bf16_16(v, 0xffff)));
 }
 
 /* times_up on 16 lanes */
