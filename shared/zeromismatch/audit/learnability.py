@@ -13,9 +13,9 @@ naming it. Directories starting with ``.`` (runs in progress) are skipped.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
+from ..nanmath import max_nan_wins
 from .inputs import Node
 from .registry import AuditInputError
 
@@ -143,15 +143,10 @@ def case_rows(root: Path, expected: dict[str, tuple[int, ...]] | None = None) ->
                 "raised_in": raised,
                 "learns": learns if uniform else "mixed",
                 "commits": commits,
-                # NaN in any seed wins (Python's max keeps a NaN only when it comes first)
-                "k3_kl_max": _max_nan_wins([run["k3_kl_max_over_steps"] for run in runs]),
+                "k3_kl_max": max_nan_wins([run["k3_kl_max_over_steps"] for run in runs]),
             }
         )
     return sorted(rows, key=lambda row: (row["env"], row["lag"], row["case"]))
-
-
-def _max_nan_wins(values: list[float]) -> float:
-    return math.nan if any(math.isnan(v) for v in values) else max(values)
 
 
 def _learns_text(learns) -> str:

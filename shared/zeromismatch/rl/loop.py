@@ -19,7 +19,6 @@ Launch: ``zm train --env arithmetic --model tiny-qwen3 --algo reinforce_zero --l
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from .. import _provenance
 from ..envs import make_env
 from ..io import atomic_write_json, atomic_write_text
 from ..metrics import mismatch
+from ..nanmath import max_nan_wins
 from ..train import checkpoint as ckpt
 from .config import RLConfig
 from .learner import Learner, build_policy, state_snapshot, weights_hash
@@ -365,15 +365,6 @@ def step_record(step: int, version: int, learner_version: int, stats: dict, epis
     return record
 
 
-def _max_over_steps(values) -> float | None:
-    """The largest value, nan if any step's is nan (a blow-up or an unmeasured step must show in
-    the summary: Python's ``max`` keeps a nan only when it comes first), None for no steps."""
-    values = list(values)
-    if any(v != v for v in values):
-        return math.nan
-    return max(values) if values else None
-
-
 def summarize(
     records: list[dict], weights_sha256: str, eval_before: dict, eval_after: dict, sft_losses
 ) -> dict:
@@ -389,10 +380,10 @@ def summarize(
         "sft_final_loss": sft_losses[-1] if sft_losses else None,
     }
     for key in keys:
-        summary[f"{key}_max_over_steps"] = _max_over_steps(r[key] for r in records)
+        summary[f"{key}_max_over_steps"] = max_nan_wins(r[key] for r in records)
     summary["steps_with_zero_mismatch"] = sum(all(r[k] == 0.0 for k in keys) for r in records)
-    summary["is_peak_over_median_max"] = _max_over_steps(r["peak_over_median"] for r in records)
-    summary["grad_norm_preclip_max"] = _max_over_steps(r["grad_norm_preclip"] for r in records)
+    summary["is_peak_over_median_max"] = max_nan_wins(r["peak_over_median"] for r in records)
+    summary["grad_norm_preclip_max"] = max_nan_wins(r["grad_norm_preclip"] for r in records)
     rewards = [r["reward_mean"] for r in records]
     head = rewards[: max(1, len(rewards) // 5)]
     tail = rewards[-max(1, len(rewards) // 5) :]
