@@ -1,10 +1,10 @@
 """Native SwiGLU product (swiglu.c): ``silu(gate) * up`` in one pass, for the aligned-native set.
 
 Why. The aligned ``silu_mul`` is torch's ``F.silu`` then an in-place ``mul_`` (row-invariant where
-torch's vector loop covers the whole buffer, which it checks per call): two kernel launches, two
-passes over memory, and ~0.5 us of checks that the default set does not pay -- 0.82-0.87x of the
-default at one row (issue 3's only op below 0.9x there in the aligned-native set once its GEMMs
-were in C). One C call does both, with its own fixed silu.
+torch's vector loop covers the whole buffer, which it checks per call): two kernel launches and two
+passes over memory. One C call does both, with its own fixed silu: ~1.4-1.7x the default op from
+64 rows. At one row it does not help: both this op and the aligned one are a few microseconds of
+Python checks and allocation (0.64-0.81x and 0.82-0.89x of the default in session 14's runs).
 
 What. Per element, ``g / (1 + exp(-g))`` times ``up`` in fp32 with swiglu.c's exp (fixed_math.h's
 Cody-Waite reduction and degree-7 polynomial, each step one fused multiply-add), rounded once to the
