@@ -10,7 +10,7 @@ import torch
 from kernel_helpers import scaled_randn
 
 from zeromismatch.kernels.aligned import gemm as aligned_gemm
-from zeromismatch.kernels.native import NativeKernels, _build
+from zeromismatch.kernels.native import NativeKernels, _build, swiglu
 from zeromismatch.kernels.native import gemm as native_gemm
 
 pytestmark = pytest.mark.native  # skipped without a C compiler, except under CI (tests/conftest.py)
@@ -244,11 +244,21 @@ def test_native_ops_allocate_on_the_cpu_whatever_the_default_device():
     gen = torch.Generator().manual_seed(6)
     x, w = scaled_randn(gen, 3, 32), scaled_randn(gen, 24, 32)
     g, u = scaled_randn(gen, 3, 32), scaled_randn(gen, 3, 32)
+    fused = scaled_randn(gen, 3, 64)  # gate and up as slices of one projection: not contiguous rows
+
+    def ops():
+        return (
+            NATIVE.linear(x, w),
+            NATIVE.row_parallel_linear(x, w[:, :32]),
+            NATIVE.silu_mul(g, u),
+            NATIVE.silu_mul(fused[:, :32], fused[:, 32:]),
+        )
+
     with torch.no_grad():
-        expected = (NATIVE.linear(x, w), NATIVE.row_parallel_linear(x, w[:, :32]), NATIVE.silu_mul(g, u))
+        expected = ops()
         torch.set_default_device("meta")
         try:
-            got = (NATIVE.linear(x, w), NATIVE.row_parallel_linear(x, w[:, :32]), NATIVE.silu_mul(g, u))
+            got = ops()
         finally:
             torch.set_default_device(None)
     for a, b in zip(expected, got):
@@ -274,12 +284,70 @@ def test_a_broken_python_header_falls_back_to_ctypes(monkeypatch, tmp_path):
     (include / "Python.h").write_text("#error not a usable Python.h\n")
     monkeypatch.setattr(_build, "_python_include", lambda: str(include))
     monkeypatch.setenv("ZEROMISMATCH_NATIVE_CACHE", str(tmp_path / "cache"))
+    gen = torch.Generator().manual_seed(8)
+    g, u = scaled_randn(gen, 2, 40), scaled_randn(gen, 2, 40)
+    expected = NATIVE.silu_mul(g, u)  # by the default build (the tensor-level call where it is built)
     monkeypatch.setattr(_build, "_loaded", {})
     monkeypatch.setattr(_build, "_build_info", {})
     lib = _build.library()
-    assert not lib.fast
+    assert not lib.fast and lib.silu_mul_tensors is None
     assert _build.loaded_builds()[-1]["calls"].startswith("ctypes (the fast-call module failed")
+    assert torch.equal(NATIVE.silu_mul(g, u), expected)  # the general path, through ctypes
     out = torch.empty(3, 10)
     seeds = torch.tensor([1, 2, 3], dtype=torch.int64)
     lib.zm_uniform_rows(seeds.data_ptr(), 3, 10, out.data_ptr())
     assert ((out >= 0) & (out < 1)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tensor_level_silu_mul_is_the_general_path(dtype):
+    """pyshim.c's silu_mul_tensors reads the tensors in C: it must give swiglu.py's general path's
+    bits and a new contiguous output, for fused-projection slices, contiguous rows and one row."""
+    lib = _build.library()
+    if not lib.fast:
+        pytest.skip("built without Python.h: silu_mul takes the general path")
+    gen = torch.Generator().manual_seed(9)
+    fused = scaled_randn(gen, 5, 74, scale=4.0).to(dtype)
+    g, u = scaled_randn(gen, 5, 37, scale=4.0).to(dtype), scaled_randn(gen, 5, 37).to(dtype)
+    one_g, one_u = scaled_randn(gen, 1, 1024, scale=4.0).to(dtype), scaled_randn(gen, 1, 1024).to(dtype)
+    for gate, up in ((fused[:, :37], fused[:, 37:]), (g, u), (g, fused[:, 37:]), (one_g, one_u)):
+        out = lib.silu_mul_tensors(gate, up)
+        assert out is not None and out.is_contiguous() and out.dtype == dtype and out.shape == gate.shape
+        assert torch.equal(out, swiglu._silu_mul(gate, up))
+        assert out.data_ptr() not in (gate.data_ptr(), up.data_ptr())
+    leaf = g.clone().requires_grad_(True)
+    with torch.no_grad():  # no gradient to record: the C call takes it
+        assert torch.equal(lib.silu_mul_tensors(leaf, u), swiglu._silu_mul(g, u))
+
+
+def test_tensor_level_silu_mul_declines_the_other_cases():
+    """Every input outside the one case goes back to the general path (None): another rank, shape or
+    dtype, a lazily negated view, rows of non-unit stride, no elements, a gradient to record, a
+    tensor off the CPU; and NATIVE.silu_mul still answers each (its own errors included)."""
+    lib = _build.library()
+    if not lib.fast:
+        pytest.skip("built without Python.h: silu_mul takes the general path")
+    g = torch.randn(3, 8)
+    grad_leaf = torch.randn(3, 8, requires_grad=True)
+    declined = [
+        (g.view(3, 2, 4), g.view(3, 2, 4)),
+        (g, torch.randn(3, 9)),
+        (g, g.to(torch.bfloat16)),
+        (g.double(), g.double()),
+        (g._neg_view(), g),
+        (g, g._neg_view()),
+        (g.t(), g.t()),
+        (g[:0], g[:0]),
+        (grad_leaf, g),
+        (g, grad_leaf),
+        (torch.empty(3, 8, device="meta"), g),
+    ]
+    for gate, up in declined:
+        assert lib.silu_mul_tensors(gate, up) is None
+    assert torch.equal(NATIVE.silu_mul(g._neg_view(), g), NATIVE.silu_mul(-g, g))
+    assert torch.equal(NATIVE.silu_mul(g.t(), g.t()), NATIVE.silu_mul(g.t().contiguous(), g.t().contiguous()))
+    assert NATIVE.silu_mul(grad_leaf, g).requires_grad
+    with pytest.raises(ValueError):
+        NATIVE.silu_mul(torch.empty(3, 8, device="meta"), g)
+    with pytest.raises(TypeError):
+        lib.silu_mul_tensors(g)

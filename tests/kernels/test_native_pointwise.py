@@ -119,6 +119,15 @@ def test_strided_views_threads_and_long_rows(dtype):
         two = NATIVE.rms_norm(long_rows, lw, 1e-6)
     assert torch.equal(one, two)
     assert torch.equal(NATIVE.rms_norm(long_rows[2:3], lw, 1e-6), one[2:3])
+    # rope past the size where its C loop runs on threads (2**16 values)
+    many = _rand(gen, 300, 4, 64, dtype=dtype)
+    many_positions = torch.arange(300)
+    with torch_threads(1):
+        one = NATIVE.rope(many, many_positions, _inv_freq(64))
+    with torch_threads(2):
+        two = NATIVE.rope(many, many_positions, _inv_freq(64))
+    assert torch.equal(one, two)
+    assert torch.equal(NATIVE.rope(many[5:6], many_positions[5:6], _inv_freq(64)), one[5:6])
 
 
 def test_rope_outside_the_table_and_uncached_inv_freq_run_the_aligned_rope():

@@ -38,7 +38,7 @@ _HERE = Path(__file__).parent
 #: compiled together into one library; the header is part of the cache key
 _SOURCE_NAMES = ("attention.c", "ssm.c", "gemm.c", "pointwise.c", "random.c", "moe.c", "conv.c", "swiglu.c")
 SOURCES = tuple(_HERE / name for name in _SOURCE_NAMES)
-HEADERS = (_HERE / "fixed_math.h", _HERE / "entry_points.h")
+HEADERS = (_HERE / "fixed_math.h", _HERE / "entry_points.h", _HERE / "threads.h")
 #: the CPython fast-call entry points (pyshim.c), compiled in when Python's headers are present
 SHIM = _HERE / "pyshim.c"
 #: each C entry point's arguments as pyshim.c's wrappers parse them ('p' a pointer: an int address or
@@ -82,6 +82,10 @@ _loaded: dict[tuple[str, ...], ctypes.CDLL] = {}
 _build_info: dict[tuple[str, ...], dict[str, str]] = {}
 #: the flags ``library()`` builds with when none are given (tests swap in an ``-O0`` build)
 build_flags: tuple[str, ...] = DEFAULT_FLAGS
+#: (the build_flags and _loaded objects, the library) of the last default-flags call: every native op
+#: calls ``library()`` per call, and building and hashing a flags tuple cost ~0.1 us of a ~3 us one-row
+#: op. Compared by identity, so a test that swaps either is seen at once.
+_default_library: tuple[object, object, NativeLibrary | None] = (None, None, None)
 
 
 def cache_dir() -> Path:
@@ -160,6 +164,18 @@ class NativeLibrary:
         self.fast = module is not None
         for name in ENTRY_POINTS:
             setattr(self, name, getattr(module if module is not None else cdll, name))
+        #: pyshim.c's tensor-level silu_mul (swiglu.py), or None through ctypes
+        self.silu_mul_tensors = None
+        if module is not None:
+            import torch  # (here: this module is torch-free until a library is loaded)
+
+            from ._device import CPU
+
+            module.bind_torch(
+                torch.float32, torch.bfloat16, torch.empty_like, torch.empty, torch.is_grad_enabled,
+                torch.get_num_threads, CPU,
+            )  # fmt: skip
+            self.silu_mul_tensors = module.silu_mul_tensors
 
 
 def _load_module(path: Path):
@@ -189,9 +205,18 @@ def library(flags: tuple[str, ...] | None = None) -> NativeLibrary:
     """The compiled native library (attention, SSM scan and conv, GEMM, RMSNorm/RoPE, MoE experts,
     the sampler's noise) for ``flags`` (default ``build_flags``; REQUIRED_FLAGS are always appended),
     built on first use, then cached on disk and in this process."""
+    global _default_library
+    requested = None
+    if flags is None:
+        built_for, built_in, lib = _default_library
+        if built_for is build_flags and built_in is _loaded:
+            return lib
+        requested = build_flags
     flags = tuple(build_flags if flags is None else flags)
     lib = _loaded.get(flags)  # the per-call path (a GEMM of one row costs microseconds): no lock
     if lib is not None:
+        if requested is not None:
+            _default_library = (requested, _loaded, lib)
         return lib
     bad = [f for f in flags if f.startswith(_FORBIDDEN_PREFIXES)]
     if bad:

@@ -32,6 +32,7 @@
 
 #include "entry_points.h"
 #include "fixed_math.h"
+#include "threads.h"
 
 /* elements [d, d + n) of a row (n <= LANES) as fp32, zeros after n */
 static inline v16 chunk(const void *row, int bf16, int64_t d, int64_t n) {
@@ -202,6 +203,86 @@ static void attend(const float *qv, const void *k_rows, const void *v_rows, int 
                scores, o);
 }
 
+/* one zm_attention call's operands (below) */
+struct attention_call {
+    const float *q;
+    const void *k_rows, *v_rows;
+    int k_bf16, v_bf16;
+    const int64_t *key_index, *block_table, *q_start, *q_len, *kv_len;
+    int64_t key_stride, block_size, num_blocks, hq, hkv, dqk, dv, group, max_kv, max_q_rows;
+    float scale;
+    float *out;
+};
+
+/* one thread's scratch; a pointer is NULL when its malloc failed (or it is not needed) */
+struct attention_scratch {
+    float *scores, *widened;
+    int64_t *rows, *identity;
+};
+
+static struct attention_scratch scratch_new(const struct attention_call *c) {
+    struct attention_scratch sc;
+    sc.scores = malloc(sizeof(float) * c->max_kv);
+    sc.rows = c->block_table ? malloc(sizeof(int64_t) * c->max_kv) : NULL;
+    /* bf16 K/V widened per item (prefill-sized items only); without the memory, rows read bf16 */
+    const int widen = (c->k_bf16 || c->v_bf16) && c->max_q_rows >= WIDEN_MIN_ROWS;
+    sc.widened = widen ? malloc(sizeof(float) * c->max_kv * (c->dqk + c->dv)) : NULL;
+    sc.identity = widen ? malloc(sizeof(int64_t) * c->max_kv) : NULL;
+    return sc;
+}
+
+static void scratch_free(struct attention_scratch *sc) {
+    free(sc->scores);
+    free(sc->rows);
+    free(sc->widened);
+    free(sc->identity);
+}
+
+/* item (= sequence * hkv + kv head): its query rows' outputs. Returns 0, -1 without scratch, -2
+ * for a block id out of range (see zm_attention). */
+static int attention_item(const struct attention_call *c, const struct attention_scratch *sc, int64_t item) {
+    const int64_t s = item / c->hkv, kh = item % c->hkv, hkv = c->hkv, hq = c->hq, dqk = c->dqk, dv = c->dv;
+    const int64_t group = c->group, kv_len = c->kv_len[s], q_len = c->q_len[s], q_start = c->q_start[s];
+    int64_t *rows = sc->rows;
+    if (!sc->scores || (c->block_table && !rows)) return -1;
+    const int64_t *keys = c->key_index ? c->key_index + s * c->key_stride : rows;
+    if (c->block_table) { /* this sequence's slots, once per item (shared by its query rows) */
+        for (int64_t j = 0; j < kv_len; j++) {
+            const int64_t block = c->block_table[s * c->key_stride + j / c->block_size];
+            if (block < 0 || block >= c->num_blocks) return -2; /* checked before the product can overflow */
+            rows[j] = block * c->block_size + j % c->block_size;
+        }
+    }
+    const int64_t item_rows = q_len * group;
+    if ((c->k_bf16 || c->v_bf16) && item_rows >= WIDEN_MIN_ROWS && sc->widened && sc->identity) {
+        /* this item's K and V rows widened to fp32 once (exactly), then read by all its query
+         * rows: a prefill row reads up to every key, and widening bf16 per read cost ~40%
+         * over fp32 there. The same values in the same order, so the same bits. */
+        float *kw = sc->widened, *vw = sc->widened + kv_len * dqk;
+        for (int64_t j = 0; j < kv_len; j++) {
+            sc->identity[j] = j;
+            for (int64_t d = 0; d < dqk; d++)
+                kw[j * dqk + d] = zm_load(c->k_rows, c->k_bf16, keys[j] * hkv * dqk + kh * dqk + d);
+            for (int64_t d = 0; d < dv; d++)
+                vw[j * dv + d] = zm_load(c->v_rows, c->v_bf16, keys[j] * hkv * dv + kh * dv + d);
+        }
+        for (int64_t r = 0; r < item_rows; r++) {
+            const int64_t t = q_start + r / group, h = kh * group + r % group;
+            attend(c->q + (t * hq + h) * dqk, kw, vw, 0, 0, sc->identity, kv_len - q_len + r / group, dqk, dv, 0,
+                   0, dqk, dv, c->scale, 0, sc->scores, c->out + (t * hq + h) * dv);
+        }
+        return 0;
+    }
+    for (int64_t r = 0; r < item_rows; r++) {
+        const int64_t t = q_start + r / group, h = kh * group + r % group;
+        /* only the item's first row prefetches: it brings the keys in for the rows after it */
+        attend(c->q + (t * hq + h) * dqk, c->k_rows, c->v_rows, c->k_bf16, c->v_bf16, keys,
+               kv_len - q_len + r / group, hkv * dqk, hkv * dv, kh * dqk, kh * dv, dqk, dv, c->scale, r == 0,
+               sc->scores, c->out + (t * hq + h) * dv);
+    }
+    return 0;
+}
+
 /* Returns 0, -1 if scratch memory could not be allocated, or -2 if the block table holds a block
  * id outside [0, num_blocks) for a position below a sequence's kv_len (out is then not fully
  * written; when both happen, -2 wins the min reduction: either is an error for the caller). */
@@ -215,72 +296,30 @@ int zm_attention(const float *q, const void *k_rows, const void *v_rows, int k_b
     const int64_t group = hq / hkv;
     int64_t max_q_rows = 0;
     for (int64_t s = 0; s < n_seq; s++) max_q_rows = q_len[s] * group > max_q_rows ? q_len[s] * group : max_q_rows;
+    const struct attention_call c = {q,       k_rows,    v_rows, k_bf16, v_bf16,     key_index,  block_table,
+                                     q_start, q_len,     kv_len, key_stride, block_size, num_blocks, hq,
+                                     hkv,     dqk,       dv,     group,  max_kv,     max_q_rows, scale, out};
     int failed = 0;
+    if (zm_serial(n_threads, n_seq * hkv, 2)) {
+        struct attention_scratch sc = scratch_new(&c);
+        for (int64_t item = 0; item < n_seq * hkv; item++) {
+            const int status = attention_item(&c, &sc, item);
+            failed = status < failed ? status : failed;
+        }
+        scratch_free(&sc);
+        return failed;
+    }
 #pragma omp parallel num_threads(n_threads) reduction(min : failed)
     {
-        float *scores = malloc(sizeof(float) * max_kv);
-        int64_t *rows = block_table ? malloc(sizeof(int64_t) * max_kv) : NULL;
-        /* bf16 K/V widened per item (prefill-sized items only); without the memory, rows read bf16 */
-        const int widen = (k_bf16 || v_bf16) && max_q_rows >= WIDEN_MIN_ROWS;
-        float *widened = widen ? malloc(sizeof(float) * max_kv * (dqk + dv)) : NULL;
-        int64_t *identity = widen ? malloc(sizeof(int64_t) * max_kv) : NULL;
+        struct attention_scratch sc = scratch_new(&c);
         /* every thread takes part in the loop (a thread leaving a worksharing loop early is
            undefined); one that has no scratch only reports the failure */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_seq * hkv; item++) {
-            const int64_t s = item / hkv, kh = item % hkv;
-            if (!scores || (block_table && !rows)) {
-                failed = failed < -1 ? failed : -1;
-                continue;
-            }
-            const int64_t *keys = key_index ? key_index + s * key_stride : rows;
-            if (block_table) { /* this sequence's slots, once per item (shared by its query rows) */
-                int bad = 0;
-                for (int64_t j = 0; j < kv_len[s]; j++) {
-                    const int64_t block = block_table[s * key_stride + j / block_size];
-                    if (block < 0 || block >= num_blocks) { /* checked before the product can overflow */
-                        bad = 1;
-                        break;
-                    }
-                    rows[j] = block * block_size + j % block_size;
-                }
-                if (bad) {
-                    failed = -2;
-                    continue;
-                }
-            }
-            const int64_t item_rows = q_len[s] * group;
-            if ((k_bf16 || v_bf16) && item_rows >= WIDEN_MIN_ROWS && widened && identity) {
-                /* this item's K and V rows widened to fp32 once (exactly), then read by all its query
-                 * rows: a prefill row reads up to every key, and widening bf16 per read cost ~40%
-                 * over fp32 there. The same values in the same order, so the same bits. */
-                float *kw = widened, *vw = widened + kv_len[s] * dqk;
-                for (int64_t j = 0; j < kv_len[s]; j++) {
-                    identity[j] = j;
-                    for (int64_t d = 0; d < dqk; d++)
-                        kw[j * dqk + d] = zm_load(k_rows, k_bf16, keys[j] * hkv * dqk + kh * dqk + d);
-                    for (int64_t d = 0; d < dv; d++)
-                        vw[j * dv + d] = zm_load(v_rows, v_bf16, keys[j] * hkv * dv + kh * dv + d);
-                }
-                for (int64_t r = 0; r < item_rows; r++) {
-                    const int64_t t = q_start[s] + r / group, h = kh * group + r % group;
-                    attend(q + (t * hq + h) * dqk, kw, vw, 0, 0, identity, kv_len[s] - q_len[s] + r / group,
-                           dqk, dv, 0, 0, dqk, dv, scale, 0, scores, out + (t * hq + h) * dv);
-                }
-                continue;
-            }
-            for (int64_t r = 0; r < item_rows; r++) {
-                const int64_t t = q_start[s] + r / group, h = kh * group + r % group;
-                /* only the item's first row prefetches: it brings the keys in for the rows after it */
-                attend(q + (t * hq + h) * dqk, k_rows, v_rows, k_bf16, v_bf16, keys,
-                       kv_len[s] - q_len[s] + r / group, hkv * dqk, hkv * dv, kh * dqk, kh * dv, dqk, dv, scale,
-                       r == 0, scores, out + (t * hq + h) * dv);
-            }
+            const int status = attention_item(&c, &sc, item);
+            failed = status < failed ? status : failed;
         }
-        free(scores);
-        free(rows);
-        free(widened);
-        free(identity);
+        scratch_free(&sc);
     }
     return failed;
 }

@@ -26,6 +26,7 @@
 
 #include "fixed_math.h"
 #include "entry_points.h"
+#include "threads.h"
 
 #define PANEL 16 /* output columns per panel: one 512-bit vector of fp32 accumulators */
 #define NV 4     /* panels per register block (gemm.py pads the panel count to a multiple) */
@@ -211,45 +212,63 @@ static void store_bf16(uint16_t *dst, const float *src, int64_t n, uint16_t nan_
     for (; i < n; i++) dst[i] = src[i] != src[i] ? nan_bits : zm_torch_bf16(src[i]);
 }
 
+/* one panel_gemm call's operands (below), shared by the blocks of NV panels it computes */
+struct gemm_call {
+    const void *x, *wp;
+    void *out;
+    int64_t ldx, k, m, n, pieces, kp, ps;
+    int is_bf16, round_bf16, reduce, out_bf16;
+    uint16_t nan_bits;
+};
+
+/* output columns [nb * NV * PANEL, +NV * PANEL) of every row */
+static void panel_block(const struct gemm_call *c, int64_t nb) {
+    const size_t elem = c->is_bf16 ? sizeof(uint16_t) : sizeof(float);
+    const int64_t c0 = nb * NV * PANEL, n = c->n, m = c->m;
+    const int64_t ncols = n - c0 < NV * PANEL ? n - c0 : NV * PANEL;
+    const int64_t tiles = c->reduce ? c->pieces : 1;
+    float tile[ZM_MAX_TREE_PIECES][MR * NV * PANEL];
+    if (ncols <= 0) return;
+    for (int64_t m0 = 0; m0 < m; m0 += MR) {
+        const int mr = m - m0 < MR ? (int)(m - m0) : MR;
+        for (int64_t p = 0; p < c->pieces; p++) {
+            const char *wblk = (const char *)c->wp + (size_t)(nb * NV * c->ps + p * c->kp * PANEL) * elem;
+            const void *xr[MR];
+            for (int i = 0; i < mr; i++) xr[i] = (const char *)c->x + (size_t)((m0 + i) * c->ldx + p * c->kp) * elem;
+            float *t = tile[c->reduce ? p : 0];
+            block(xr, mr, wblk, c->ps, c->is_bf16, c->kp, t, NV * PANEL, c->round_bf16);
+            if (!c->reduce) {
+                float *dst = (float *)c->out + (p * m + m0) * n + c0;
+                for (int i = 0; i < mr; i++) memcpy(dst + i * n, t + i * NV * PANEL, ncols * sizeof(float));
+            }
+        }
+        if (c->reduce) {
+            tree_sum_tiles(tile, tiles, mr * NV * PANEL);
+            for (int i = 0; i < mr; i++) {
+                if (c->out_bf16)
+                    store_bf16((uint16_t *)c->out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols, c->nan_bits);
+                else
+                    memcpy((float *)c->out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols * sizeof(float));
+            }
+        }
+    }
+}
+
 static int panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
                       int64_t n, int64_t pieces, int round_bf16, int reduce, void *out, int out_bf16,
                       uint16_t nan_bits, int threads) {
     if (pieces < 1 || k % pieces != 0 || (is_bf16 && (k / pieces) % 2 != 0) ||
         (reduce && pieces > ZM_MAX_TREE_PIECES) || (out_bf16 && !reduce))
         return 1;
-    const size_t elem = is_bf16 ? sizeof(uint16_t) : sizeof(float);
-    const int64_t ps = k * PANEL, kp = k / pieces, nblocks = npanels / NV;
-    const int64_t tiles = reduce ? pieces : 1;
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
-    for (int64_t nb = 0; nb < nblocks; nb++) {
-        const int64_t c0 = nb * NV * PANEL;
-        const int64_t ncols = n - c0 < NV * PANEL ? n - c0 : NV * PANEL;
-        float tile[ZM_MAX_TREE_PIECES][MR * NV * PANEL];
-        if (ncols <= 0) continue;
-        for (int64_t m0 = 0; m0 < m; m0 += MR) {
-            const int mr = m - m0 < MR ? (int)(m - m0) : MR;
-            for (int64_t p = 0; p < pieces; p++) {
-                const char *wblk = (const char *)wp + (size_t)(nb * NV * ps + p * kp * PANEL) * elem;
-                const void *xr[MR];
-                for (int i = 0; i < mr; i++) xr[i] = (const char *)x + (size_t)((m0 + i) * ldx + p * kp) * elem;
-                float *t = tile[reduce ? p : 0];
-                block(xr, mr, wblk, ps, is_bf16, kp, t, NV * PANEL, round_bf16);
-                if (!reduce) {
-                    float *dst = (float *)out + (p * m + m0) * n + c0;
-                    for (int i = 0; i < mr; i++) memcpy(dst + i * n, t + i * NV * PANEL, ncols * sizeof(float));
-                }
-            }
-            if (reduce) {
-                tree_sum_tiles(tile, tiles, mr * NV * PANEL);
-                for (int i = 0; i < mr; i++) {
-                    if (out_bf16)
-                        store_bf16((uint16_t *)out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols, nan_bits);
-                    else
-                        memcpy((float *)out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols * sizeof(float));
-                }
-            }
-        }
+    const struct gemm_call call = {x, wp, out, ldx, k, m, n, pieces, k / pieces, k * PANEL,
+                                   is_bf16, round_bf16, reduce, out_bf16, nan_bits};
+    const int64_t nblocks = npanels / NV;
+    if (zm_serial(threads, nblocks, 2)) {
+        for (int64_t nb = 0; nb < nblocks; nb++) panel_block(&call, nb);
+        return 0;
     }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t nb = 0; nb < nblocks; nb++) panel_block(&call, nb);
     return 0;
 }
 

@@ -28,6 +28,7 @@
 
 #include "entry_points.h"
 #include "fixed_math.h"
+#include "threads.h"
 
 /* v rounded to bf16 and back when bf16, else v */
 static inline float round_as(int bf16, float v) { return bf16 ? bf16_to_f32(zm_torch_bf16(v)) : v; }
@@ -61,6 +62,26 @@ static inline void scale_row(const char *xg, float r, const void *weight, char *
     }
 }
 
+/* row (< rows_a * rows_b) of zm_rms_norm (below) */
+static inline void rms_norm_row(const void *x, int x_bf16, int64_t rows_b, int64_t stride_a, int64_t stride_b,
+                                int64_t h, int64_t group, int n_bf16, const void *weight, int w_bf16, float eps,
+                                void *out, int out_bf16, int64_t row) {
+    const float inv_count = (float)group; /* divided by, not multiplied by its reciprocal */
+    const int64_t x_size = x_bf16 ? 2 : 4, o_size = out_bf16 ? 2 : 4;
+    const char *xr = (const char *)x + ((row / rows_b) * stride_a + (row % rows_b) * stride_b) * x_size;
+    char *orow = (char *)out + row * h * o_size;
+    for (int64_t g = 0; g < h; g += group) {
+        const char *xg = xr + g * x_size;
+        const float r = 1.0f / sqrtf(sum_of_squares(xg, x_bf16, group) / inv_count + eps);
+        if (!x_bf16 && !n_bf16 && !w_bf16 && !out_bf16)
+            scale_row(xg, r, weight, orow, g, group, 0, 0, 0, 0);
+        else if (x_bf16 && n_bf16 && w_bf16 && out_bf16)
+            scale_row(xg, r, weight, orow, g, group, 1, 1, 1, 1);
+        else
+            scale_row(xg, r, weight, orow, g, group, x_bf16, n_bf16, w_bf16, out_bf16);
+    }
+}
+
 /* x: rows of h values at x + a * stride_a + b * stride_b (elements) for a < rows_a, b < rows_b;
  * groups of `group` values (group divides h) are normalized separately, all by weight[0..h);
  * n_bf16: round the normalized values to bf16 before the weight.
@@ -68,23 +89,16 @@ static inline void scale_row(const char *xg, float r, const void *weight, char *
 void zm_rms_norm(const void *x, int x_bf16, int64_t rows_a, int64_t rows_b, int64_t stride_a,
                  int64_t stride_b, int64_t h, int64_t group, int n_bf16, const void *weight, int w_bf16,
                  float eps, void *out, int out_bf16, int n_threads) {
-    const int64_t rows = rows_a * rows_b, x_size = x_bf16 ? 2 : 4, o_size = out_bf16 ? 2 : 4;
-    const float inv_count = (float)group; /* divided by, not multiplied by its reciprocal */
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (rows * h >= (1 << 16))
-    for (int64_t row = 0; row < rows; row++) {
-        const char *xr = (const char *)x + ((row / rows_b) * stride_a + (row % rows_b) * stride_b) * x_size;
-        char *orow = (char *)out + row * h * o_size;
-        for (int64_t g = 0; g < h; g += group) {
-            const char *xg = xr + g * x_size;
-            const float r = 1.0f / sqrtf(sum_of_squares(xg, x_bf16, group) / inv_count + eps);
-            if (!x_bf16 && !n_bf16 && !w_bf16 && !out_bf16)
-                scale_row(xg, r, weight, orow, g, group, 0, 0, 0, 0);
-            else if (x_bf16 && n_bf16 && w_bf16 && out_bf16)
-                scale_row(xg, r, weight, orow, g, group, 1, 1, 1, 1);
-            else
-                scale_row(xg, r, weight, orow, g, group, x_bf16, n_bf16, w_bf16, out_bf16);
-        }
+    const int64_t rows = rows_a * rows_b;
+    if (zm_serial(n_threads, rows * h, 1 << 16)) {
+        for (int64_t row = 0; row < rows; row++)
+            rms_norm_row(x, x_bf16, rows_b, stride_a, stride_b, h, group, n_bf16, weight, w_bf16, eps, out, out_bf16,
+                         row);
+        return;
     }
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t row = 0; row < rows; row++)
+        rms_norm_row(x, x_bf16, rows_b, stride_a, stride_b, h, group, n_bf16, weight, w_bf16, eps, out, out_bf16, row);
 }
 
 /* one (token, head) row; inlined with constant bf16 / interleaved so each variant vectorizes */
@@ -99,6 +113,20 @@ static inline void rope_row(const char *xr, char *orow, const float *cos_row, co
     }
 }
 
+/* row (= token * heads + head) of zm_rope (below) */
+static inline void rope_token_head(const void *x, int bf16, int64_t heads, int64_t stride_t, int64_t stride_h,
+                                   int64_t half, const int64_t *positions, const float *table, int interleaved,
+                                   void *out, int64_t size, int64_t row) {
+    const int64_t t = row / heads, hd = row % heads;
+    const char *xr = (const char *)x + (t * stride_t + hd * stride_h) * size;
+    char *orow = (char *)out + row * 2 * half * size;
+    const float *cos_row = table + positions[t] * 2 * half, *sin_row = cos_row + half;
+    if (bf16)
+        interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 1, 1) : rope_row(xr, orow, cos_row, sin_row, half, 1, 0);
+    else
+        interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 0, 1) : rope_row(xr, orow, cos_row, sin_row, half, 0, 0);
+}
+
 /* x: [T, H, 2*half] rows at x + t * stride_t + hd * stride_h (elements, unit inner stride);
  * table: fp32 [table_len, 2, half] (cos then sin per position); out contiguous [T, H, 2*half] in
  * x's dtype. Returns 0, or 1 when a position is outside [0, table_len) (nothing is written then:
@@ -109,18 +137,13 @@ int zm_rope(const void *x, int bf16, int64_t tokens, int64_t heads, int64_t stri
     for (int64_t t = 0; t < tokens; t++)
         if (positions[t] < 0 || positions[t] >= table_len) return 1;
     const int64_t size = bf16 ? 2 : 4, d = 2 * half;
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (tokens * heads * d >= (1 << 16))
-    for (int64_t row = 0; row < tokens * heads; row++) {
-        const int64_t t = row / heads, hd = row % heads;
-        const char *xr = (const char *)x + (t * stride_t + hd * stride_h) * size;
-        char *orow = (char *)out + row * d * size;
-        const float *cos_row = table + positions[t] * 2 * half, *sin_row = cos_row + half;
-        if (bf16)
-            interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 1, 1)
-                        : rope_row(xr, orow, cos_row, sin_row, half, 1, 0);
-        else
-            interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 0, 1)
-                        : rope_row(xr, orow, cos_row, sin_row, half, 0, 0);
+    if (zm_serial(n_threads, tokens * heads * d, 1 << 16)) {
+        for (int64_t row = 0; row < tokens * heads; row++)
+            rope_token_head(x, bf16, heads, stride_t, stride_h, half, positions, table, interleaved, out, size, row);
+        return 0;
     }
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t row = 0; row < tokens * heads; row++)
+        rope_token_head(x, bf16, heads, stride_t, stride_h, half, positions, table, interleaved, out, size, row);
     return 0;
 }

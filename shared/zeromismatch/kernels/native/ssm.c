@@ -28,6 +28,7 @@
 
 #include "entry_points.h"
 #include "fixed_math.h"
+#include "threads.h"
 
 /* exp for any x: zm_exp up to 88; above, zm_exp(x - ln 2) * 2 (zm_exp's exponent field would
  * overflow at 2^128) up to the fp32 limit 88.72, then +inf. Flushes to 0 at x <= -87 as zm_exp. */
@@ -85,46 +86,72 @@ static inline float readout(const float *h, const float *c, int64_t n) {
     return lanes_tree(acc);
 }
 
+/* one zm_ssm_scan call's operands (below) */
+struct ssm_call {
+    const float *x, *dt, *A, *B, *C, *D, *dt_bias, *state_in;
+    const int64_t *start, *len;
+    float *state_out, *y;
+    int64_t heads, head_dim, groups, n_state;
+    float dt_lo, dt_hi;
+};
+
+/* item (= sequence * heads + head): its tokens in order, from its initial state; d_b: n_state
+ * floats of scratch */
+static void ssm_item(const struct ssm_call *c, float *d_b, int64_t item) {
+    const int64_t heads = c->heads, head_dim = c->head_dim, n_state = c->n_state, state_numel = head_dim * n_state;
+    const int64_t s = item / heads, h = item % heads, g = h / (heads / c->groups);
+    const float dt_lo = c->dt_lo, dt_hi = c->dt_hi;
+    float *st = c->state_out + item * state_numel; /* the state lives in the output buffer */
+    if (c->state_in)
+        memcpy(st, c->state_in + item * state_numel, sizeof(float) * state_numel);
+    else
+        memset(st, 0, sizeof(float) * state_numel);
+    for (int64_t t = c->start[s]; t < c->start[s] + c->len[s]; t++) {
+        float d = softplus(c->dt[t * heads + h] + c->dt_bias[h]);
+        /* torch.clamp(min, max): a nan value or a nan bound gives nan */
+        d = d < dt_lo ? dt_lo : d;
+        d = d > dt_hi ? dt_hi : d;
+        if (dt_lo != dt_lo || dt_hi != dt_hi) d = NAN;
+        const float decay = exp_any(d * c->A[h]);
+        const float *b = c->B + (t * c->groups + g) * n_state, *cr = c->C + (t * c->groups + g) * n_state;
+        for (int64_t n = 0; n < n_state; n++) d_b[n] = d * b[n];
+        const float *xt = c->x + (t * heads + h) * head_dim;
+        float *yt = c->y + (t * heads + h) * head_dim;
+        for (int64_t p = 0; p < head_dim; p++) {
+            float *row = st + p * n_state;
+            const float xp = xt[p];
+            for (int64_t n = 0; n < n_state; n++) row[n] = row[n] * decay + d_b[n] * xp;
+            yt[p] = readout(row, cr, n_state) + c->D[h] * xp;
+        }
+    }
+}
+
 /* Returns 0, or -1 if scratch memory could not be allocated. */
 int zm_ssm_scan(const float *x, const float *dt, const float *A, const float *B, const float *C,
                 const float *D, const float *dt_bias, const int64_t *start, const int64_t *len,
                 const float *state_in, float *state_out, float *y, int64_t n_seq, int64_t heads,
                 int64_t head_dim, int64_t groups, int64_t n_state, float dt_lo, float dt_hi, int n_threads) {
-    const int64_t per_group = heads / groups, state_numel = head_dim * n_state;
+    const struct ssm_call c = {x,      dt,        A,     B,     C,        D,     dt_bias, state_in, start,
+                               len,    state_out, y,     heads, head_dim, groups, n_state, dt_lo,    dt_hi};
+    const size_t scratch = sizeof(float) * (n_state > 0 ? n_state : 1);
+    if (zm_serial(n_threads, n_seq * heads, 2)) {
+        float *d_b = malloc(scratch);
+        if (!d_b) return -1;
+        for (int64_t item = 0; item < n_seq * heads; item++) ssm_item(&c, d_b, item);
+        free(d_b);
+        return 0;
+    }
     int failed = 0;
 #pragma omp parallel num_threads(n_threads) reduction(| : failed)
     {
-        float *d_b = malloc(sizeof(float) * (n_state > 0 ? n_state : 1));
+        float *d_b = malloc(scratch);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_seq * heads; item++) {
-            const int64_t s = item / heads, h = item % heads, g = h / per_group;
             if (!d_b) {
                 failed = 1;
                 continue;
             }
-            float *st = state_out + item * state_numel; /* the state lives in the output buffer */
-            if (state_in)
-                memcpy(st, state_in + item * state_numel, sizeof(float) * state_numel);
-            else
-                memset(st, 0, sizeof(float) * state_numel);
-            for (int64_t t = start[s]; t < start[s] + len[s]; t++) {
-                float d = softplus(dt[t * heads + h] + dt_bias[h]);
-                /* torch.clamp(min, max): a nan value or a nan bound gives nan */
-                d = d < dt_lo ? dt_lo : d;
-                d = d > dt_hi ? dt_hi : d;
-                if (dt_lo != dt_lo || dt_hi != dt_hi) d = NAN;
-                const float decay = exp_any(d * A[h]);
-                const float *b = B + (t * groups + g) * n_state, *c = C + (t * groups + g) * n_state;
-                for (int64_t n = 0; n < n_state; n++) d_b[n] = d * b[n];
-                const float *xt = x + (t * heads + h) * head_dim;
-                float *yt = y + (t * heads + h) * head_dim;
-                for (int64_t p = 0; p < head_dim; p++) {
-                    float *row = st + p * n_state;
-                    const float xp = xt[p];
-                    for (int64_t n = 0; n < n_state; n++) row[n] = row[n] * decay + d_b[n] * xp;
-                    yt[p] = readout(row, c, n_state) + D[h] * xp;
-                }
-            }
+            ssm_item(&c, d_b, item);
         }
         free(d_b);
     }

@@ -29,6 +29,7 @@
 
 #include "entry_points.h"
 #include "fixed_math.h"
+#include "threads.h"
 
 #define LOG2E 1.44269504088896341f
 #define SHIFTER 12582912.0f /* 1.5 * 2^23 */
@@ -123,18 +124,28 @@ static inline void silu_mul_row(const char *g, const char *u, char *o, int64_t c
 
 /* gate, up: rows of `cols` values of one dtype (bf16 or fp32), unit inner stride, rows
  * gate_stride / up_stride elements apart; out: contiguous [rows, cols] of that dtype. */
-void zm_silu_mul(const void *gate, const void *up, int bf16, int64_t rows, int64_t cols, int64_t gate_stride,
-                 int64_t up_stride, void *out, int n_threads) {
+static void silu_mul_rows(const char *gate, const char *up, int bf16, int64_t row0, int64_t row1, int64_t cols,
+                          int64_t gate_stride, int64_t up_stride, char *out) {
     const int64_t size = bf16 ? 2 : 4;
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (rows * cols >= (1 << 16))
-    for (int64_t row = 0; row < rows; row++) {
-        const char *g = (const char *)gate + row * gate_stride * size, *u = (const char *)up + row * up_stride * size;
-        char *o = (char *)out + row * cols * size;
+    for (int64_t row = row0; row < row1; row++) {
+        const char *g = gate + row * gate_stride * size, *u = up + row * up_stride * size;
+        char *o = out + row * cols * size;
         if (bf16)
             silu_mul_row(g, u, o, cols, 1);
         else
             silu_mul_row(g, u, o, cols, 0);
     }
+}
+
+void zm_silu_mul(const void *gate, const void *up, int bf16, int64_t rows, int64_t cols, int64_t gate_stride,
+                 int64_t up_stride, void *out, int n_threads) {
+    if (zm_serial(n_threads, rows * cols, 1 << 16)) {
+        silu_mul_rows(gate, up, bf16, 0, rows, cols, gate_stride, up_stride, out);
+        return;
+    }
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t row = 0; row < rows; row++)
+        silu_mul_rows(gate, up, bf16, row, row + 1, cols, gate_stride, up_stride, out);
 }
 
 /* the portable rule on n contiguous fp32 values (tests pin the AVX-512 path to it in one build) */

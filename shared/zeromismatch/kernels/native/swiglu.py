@@ -3,8 +3,10 @@
 Why. The aligned ``silu_mul`` is torch's ``F.silu`` then an in-place ``mul_`` (row-invariant where
 torch's vector loop covers the whole buffer, which it checks per call): two kernel launches and two
 passes over memory. One C call does both, with its own fixed silu: ~1.4-1.7x the default op from
-64 rows. At one row it does not help: both this op and the aligned one are a few microseconds of
-Python checks and allocation (0.64-0.81x and 0.82-0.89x of the default in session 14's runs).
+64 rows. A one-row call is a few microseconds of checks and allocation around ~0.4 us of
+arithmetic: in Python they made it 0.64-0.81x of the default (session 14), so the engine's and the
+benchmark's case is now read in C (pyshim.c's ``silu_mul_tensors``; every other input takes the
+general path below).
 
 What. Per element, ``g / (1 + exp(-g))`` times ``up`` in fp32 with swiglu.c's exp (fixed_math.h's
 Cody-Waite reduction and degree-7 polynomial, each step one fused multiply-add), rounded once to the
@@ -56,29 +58,15 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` by the swiglu.c rule (module docstring)."""
+    # the engine's call (a [T, I] slice pair of the fused gate/up output) and the benchmark's: the
+    # checks, the output and the call in C (pyshim.c), which declines (None) anything else. In
+    # Python they were ~2 us of a one-row call that torch's silu-then-multiply makes in ~2.5 us.
+    tensor_call = _build.library().silu_mul_tensors
+    if tensor_call is not None:
+        out = tensor_call(gate, up)
+        if out is not None:
+            return out
     shape = gate.shape
-    # the engine's call (a [T, I] slice pair of the fused gate/up output) and the benchmark's, with
-    # the checks in the order a one-row call can afford (~1 us of a ~3 us call): rows read in place
-    if len(shape) == 2 and shape == up.shape:
-        dtype = gate.dtype
-        if (
-            dtype is up.dtype
-            and (dtype is torch.float32 or dtype is torch.bfloat16)
-            and gate.is_cpu
-            and up.is_cpu
-            and not (gate.requires_grad or up.requires_grad or gate.is_neg() or up.is_neg())
-        ):
-            g_stride, u_stride = gate.stride(), up.stride()
-            rows, cols = shape
-            if g_stride[1] == 1 and u_stride[1] == 1 and rows and cols:
-                # (not empty_like: it copies an overlapping view's stride order, found in review)
-                # (rows, cols as ints: torch parses a Size argument ~1 us slower)
-                out = torch.empty(rows, cols, dtype=dtype, device=CPU)
-                _build.library().zm_silu_mul(
-                    gate.data_ptr(), up.data_ptr(), dtype is torch.bfloat16, rows, cols, g_stride[0],
-                    u_stride[0], out.data_ptr(), torch.get_num_threads(),
-                )  # fmt: skip
-                return out
     dtype = gate.dtype
     if shape != up.shape or dtype is not up.dtype or not (dtype is torch.float32 or dtype is torch.bfloat16):
         return aligned_dense.silu_mul(gate, up)  # another dtype, or the op's own error
