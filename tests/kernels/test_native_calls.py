@@ -320,6 +320,20 @@ def test_tensor_level_silu_mul_is_the_general_path(dtype):
         assert torch.equal(lib.silu_mul_tensors(leaf, u), swiglu._silu_mul(g, u))
 
 
+class _Subclass(torch.Tensor):
+    pass
+
+
+class _ShortAllocation(torch.Tensor):
+    """A subclass whose empty_like hands back one element: a C call trusting it would overrun."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.empty_like:
+            return torch.empty(1, 1)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
 def test_tensor_level_silu_mul_declines_the_other_cases():
     """Every input outside the one case goes back to the general path (None): another rank, shape or
     dtype, a lazily negated view, rows of non-unit stride, no elements, a gradient to record, a
@@ -341,6 +355,9 @@ def test_tensor_level_silu_mul_declines_the_other_cases():
         (grad_leaf, g),
         (g, grad_leaf),
         (torch.empty(3, 8, device="meta"), g),
+        (g.as_subclass(_Subclass), g),  # its __torch_function__ would answer the reads and empty_like
+        (g, g.as_subclass(_Subclass)),
+        (torch.nn.Parameter(g.clone(), requires_grad=False), g),
     ]
     for gate, up in declined:
         assert lib.silu_mul_tensors(gate, up) is None
@@ -351,3 +368,9 @@ def test_tensor_level_silu_mul_declines_the_other_cases():
         NATIVE.silu_mul(torch.empty(3, 8, device="meta"), g)
     with pytest.raises(TypeError):
         lib.silu_mul_tensors(g)
+    short_g, short_u = (torch.randn(2, 512).as_subclass(_ShortAllocation) for _ in range(2))
+    assert lib.silu_mul_tensors(short_g, short_u) is None
+    out = NATIVE.silu_mul(short_g, short_u)  # the general path allocates with torch.empty
+    assert out.shape == (2, 512)
+    plain_g, plain_u = short_g.as_subclass(torch.Tensor), short_u.as_subclass(torch.Tensor)
+    assert torch.equal(out.as_subclass(torch.Tensor), NATIVE.silu_mul(plain_g, plain_u))

@@ -84,7 +84,8 @@ _build_info: dict[tuple[str, ...], dict[str, str]] = {}
 build_flags: tuple[str, ...] = DEFAULT_FLAGS
 #: (the build_flags and _loaded objects, the library) of the last default-flags call: every native op
 #: calls ``library()`` per call, and building and hashing a flags tuple cost ~0.1 us of a ~3 us one-row
-#: op. Compared by identity, so a test that swaps either is seen at once.
+#: op. Compared by identity, so a test that swaps either is seen at once; so _loaded is only ever
+#: added to (under _lock), never cleared or changed in place.
 _default_library: tuple[object, object, NativeLibrary | None] = (None, None, None)
 
 
@@ -172,8 +173,8 @@ class NativeLibrary:
             from ._device import CPU
 
             module.bind_torch(
-                torch.float32, torch.bfloat16, torch.empty_like, torch.empty, torch.is_grad_enabled,
-                torch.get_num_threads, CPU,
+                torch.Tensor, torch.float32, torch.bfloat16, torch.empty_like, torch.empty,
+                torch.is_grad_enabled, torch.get_num_threads, CPU,
             )  # fmt: skip
             self.silu_mul_tensors = module.silu_mul_tensors
 

@@ -102,20 +102,21 @@ DEFINE_VOID(zm_silu_mul, "ppiLLLLpi", zm_silu_mul(P(0), P(1), I(2), L(3), L(4), 
  * which _build.py calls once per loaded library; until then these calls decline (return None). */
 
 static struct {
-    PyObject *f32, *bf16, *empty_like, *empty, *grad_enabled, *num_threads, *empty_kwnames, *cpu;
+    PyObject *tensor_type, *f32, *bf16, *empty_like, *empty, *grad_enabled, *num_threads, *empty_kwnames, *cpu;
     PyObject *shape, *dtype, *is_cpu, *is_neg, *requires_grad, *stride, *data_ptr;
 } torch_refs;
 
 static PyObject *bind_torch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "bind_torch(float32, bfloat16, empty_like, empty, is_grad_enabled, "
-                                         "get_num_threads, cpu_device)");
+    if (nargs != 8 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "bind_torch(Tensor, float32, bfloat16, empty_like, empty, "
+                                         "is_grad_enabled, get_num_threads, cpu_device)");
         return NULL;
     }
-    PyObject **slots[] = {&torch_refs.f32,          &torch_refs.bf16,        &torch_refs.empty_like, &torch_refs.empty,
-                          &torch_refs.grad_enabled, &torch_refs.num_threads, &torch_refs.cpu};
-    for (int j = 0; j < 7; j++) {
+    PyObject **slots[] = {&torch_refs.tensor_type,  &torch_refs.f32,         &torch_refs.bf16,
+                          &torch_refs.empty_like,   &torch_refs.empty,       &torch_refs.grad_enabled,
+                          &torch_refs.num_threads,  &torch_refs.cpu};
+    for (int j = 0; j < 8; j++) {
         Py_INCREF(args[j]);
         Py_XSETREF(*slots[j], args[j]);
     }
@@ -160,9 +161,12 @@ static int64_t address_of(PyObject *tensor) { /* -1 with an exception */
     return address;
 }
 
-/* silu_mul_tensors(gate, up): swiglu.py's silu_mul for the case it is called in (2-D, same shape,
- * one dtype of fp32/bf16, CPU, rows of unit stride, no lazy negation, no gradient to record), as a
- * new contiguous tensor; None for any other input (the caller takes its general path). */
+/* silu_mul_tensors(gate, up): swiglu.py's silu_mul for the case it is called in (two plain
+ * torch.Tensor objects, 2-D, same shape, one dtype of fp32/bf16, CPU, rows of unit stride, no lazy
+ * negation, no gradient to record), as a new contiguous tensor; None for any other input (the
+ * caller takes its general path). Plain tensors only: a subclass's __torch_function__ would answer
+ * the attribute reads and empty_like, so the buffer written here could be anything (found in
+ * review: one returning a [1, 1] tensor was overrun). */
 static PyObject *silu_mul_tensors(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 2) {
@@ -171,6 +175,7 @@ static PyObject *silu_mul_tensors(PyObject *self, PyObject *const *args, Py_ssiz
     }
     if (!torch_refs.f32) Py_RETURN_NONE;
     PyObject *gate = args[0], *up = args[1];
+    if (Py_TYPE(gate) != (PyTypeObject *)torch_refs.tensor_type || Py_TYPE(up) != Py_TYPE(gate)) Py_RETURN_NONE;
     int64_t rows, cols, up_rows, up_cols, g_stride, g_inner, u_stride, u_inner;
     int r;
 /* EXPR: 1 go on, 0 decline (None), -1 an exception is set */
