@@ -53,12 +53,14 @@ class PagedCache:
             self.k[blocks[pos // block_size], pos % block_size] = k
             self.v[blocks[pos // block_size], pos % block_size] = v
 
-    def attend(self, kernels, q_parts: list[torch.Tensor], kv_lens: list[int], scale: float) -> torch.Tensor:
-        """Sequence i of the call is cache sequence i (the first len(q_parts) ones)."""
+    def attend(
+        self, kernels, q_parts: list[torch.Tensor], kv_lens: list[int], scale: float, seqs=None
+    ) -> torch.Tensor:
+        """Sequence i of the call is cache sequence ``seqs[i]`` (default: the first len(q_parts) ones)."""
         q = torch.cat(q_parts)
         cu = _cu([p.shape[0] for p in q_parts])
         lens = torch.tensor(kv_lens, dtype=torch.int64)
-        table = self.table[: len(q_parts)]
+        table = self.table[: len(q_parts)] if seqs is None else self.table[list(seqs)]
         return kernels.paged_attention(q, self.k, self.v, table, cu, lens, scale)
 
 
@@ -95,6 +97,30 @@ shapes = st.fixed_dictionaries(
 )
 
 
+def _draw_slice(data, n: int, like: int, label: str) -> tuple[int, int]:
+    """[a, b) of a stranger's n tokens, attended with kv_len = b: its decode row (the last token) or
+    a chunk ending anywhere: short (sequences of <= 16 query rows share one group), as long as the
+    target's chunk ``like`` (equal q_lens share a group), or any length."""
+    if data.draw(st.booleans(), label=f"{label} decodes"):
+        return n - 1, n
+    b = data.draw(st.integers(1, n), label=f"{label} kv_len")
+    q_len = data.draw(st.one_of(st.integers(1, 8), st.just(like), st.integers(1, b)), label=f"{label} q_len")
+    return b - min(q_len, b), b
+
+
+def _mixed_calls(kernels, members, cache: PagedCache, scale: float):
+    """Each member ``(cache_seq, (q, k, v), a, b)`` attends its queries ``a:b`` with kv_len ``b``,
+    all in one paged call and all packed in one contiguous call; per member (paged, contiguous)."""
+    parts = [s[0][a:b] for _, s, a, b in members]
+    cu_q, kv_lens = _cu([p.shape[0] for p in parts]), [b for *_, b in members]
+    paged = cache.attend(kernels, parts, kv_lens, scale, seqs=[m[0] for m in members])
+    k = torch.cat([s[1][:b] for _, s, _, b in members])
+    v = torch.cat([s[2][:b] for _, s, _, b in members])
+    packed = kernels.attention(torch.cat(parts), k, v, cu_q, _cu(kv_lens), scale)
+    cu = cu_q.tolist()
+    return [(paged[cu[i] : cu[i + 1]], packed[cu[i] : cu[i + 1]]) for i in range(len(members))]
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     shape=shapes, chunk=st.integers(1, 150), block_size=st.sampled_from([1, 3, 16, 64, 100]), data=st.data()
@@ -110,8 +136,9 @@ def test_query_bits_same_in_prefill_chunked_decode_and_any_batch(shape, chunk, b
     neigh = [_seq(gen, data.draw(st.integers(1, 90)), hq, hkv, dqk, dv, dtype) for _ in range(n_neigh)]
     alone = _prefill(ALIGNED, [target], scale)[0]
     # packed with strangers, in the middle of the batch
-    batched = _prefill(ALIGNED, [neigh[0], target, *neigh[1:]], scale)[1]
-    assert torch.equal(alone, batched)
+    batched = _prefill(ALIGNED, [neigh[0], target, *neigh[1:]], scale)
+    assert torch.equal(alone, batched[1])
+    refs = [alone, batched[0], *batched[2:]]  # full-prefill bits of cache sequence i
 
     cache = PagedCache(gen, [(target[1], target[2])] + [(n[1], n[2]) for n in neigh], block_size)
     chunk = min(chunk, length)
@@ -120,19 +147,23 @@ def test_query_bits_same_in_prefill_chunked_decode_and_any_batch(shape, chunk, b
     picks = sorted(set(data.draw(st.lists(st.sampled_from(starts), min_size=1, max_size=4), label="chunks")))
     for start in picks:
         end = min(length, start + chunk)
-        # chunk of the target next to every neighbour decoding its last token
-        q_parts = [target[0][start:end]] + [n[0][-1:] for n in neigh]
-        kv_lens = [end] + [n[0].shape[0] for n in neigh]
-        out = cache.attend(ALIGNED, q_parts, kv_lens, scale)
-        assert torch.equal(out[: end - start], alone[start:end])
+        # the target's chunk anywhere in a call where each stranger brings a decode row or a chunk
+        # [a, b) of its own (kv_len = b), through the paged (engine) and packed (trainer) entry points
+        members = [
+            (i + 1, n, *_draw_slice(data, n[0].shape[0], end - start, f"stranger {i}"))
+            for i, n in enumerate(neigh)
+        ]
+        members.insert(data.draw(st.integers(0, n_neigh), label="target slot"), (0, target, start, end))
+        for (seq, _, a, b), (paged, packed) in zip(members, _mixed_calls(ALIGNED, members, cache, scale)):
+            assert torch.equal(paged, refs[seq][a:b]), (seq, a, b)
+            assert torch.equal(packed, refs[seq][a:b]), (seq, a, b)
     # single-token decode of the last position, alone
     assert torch.equal(cache.attend(ALIGNED, [target[0][-1:]], [length], scale)[0], alone[-1])
-    # contiguous chunked prefill (q_len < kv_len) through the trainer entry point
-    half = length // 2
-    q_tail = target[0][half:]
-    cu_q, cu_k = _cu([length - half]), _cu([length])
-    tail = ALIGNED.attention(q_tail, target[1], target[2], cu_q, cu_k, scale)
-    assert torch.equal(tail, alone[half:])
+    # a chunk alone through the trainer entry point (q_len < kv_len, no neighbour)
+    tail = ALIGNED.attention(
+        target[0][starts[-1] :], target[1], target[2], _cu([length - starts[-1]]), _cu([length]), scale
+    )
+    assert torch.equal(tail, alone[starts[-1] :])
 
 
 def _default_breaks(check) -> bool:
@@ -178,6 +209,26 @@ def test_default_decode_depends_on_batch_neighbours():
         alone = cache.attend(DEFAULT, [target[0][-1:]], [length], 32**-0.5)
         with_other = cache.attend(DEFAULT, [target[0][-1:], other[0][-1:]], [length, 300], 32**-0.5)
         return not torch.equal(alone[0], with_other[0])
+
+    assert _default_breaks(differs)
+
+
+def test_default_mixed_chunk_call_differs_from_prefill():
+    """The mixed call of the property test (chunks and a decode row, paged and packed) with the default
+    set. Its chunks cannot depend on their neighbours (each multi-query sequence runs alone through
+    SDPA), so the break shows in the decode row, which takes the batched decode path in both calls."""
+
+    def differs(seed, length):
+        gen = torch.Generator().manual_seed(seed)
+        seqs = [_seq(gen, n, 4, 2, 32, 32, torch.float32) for n in (length, 90, 300)]
+        refs = _prefill(DEFAULT, seqs, 32**-0.5)
+        cache = PagedCache(gen, [(k, v) for _, k, v in seqs], 16)
+        members = [(1, seqs[1], 50, 80), (0, seqs[0], length - 5, length), (2, seqs[2], 299, 300)]
+        outs = _mixed_calls(DEFAULT, members, cache, 32**-0.5)
+        return any(
+            not torch.equal(paged, refs[s][a:b]) and not torch.equal(packed, refs[s][a:b])
+            for (s, _, a, b), (paged, packed) in zip(members, outs)
+        )
 
     assert _default_breaks(differs)
 

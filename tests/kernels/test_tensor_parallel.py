@@ -5,14 +5,13 @@ slices must equal the unsharded result. Row-parallel: each rank holds a slice of
 aligned ``row_parallel_linear`` cuts K into ``virtual_shards`` pieces at every degree and
 sums all partials in one fixed tree, so the result does not depend on the degree. Shards
 are computed locally (every rank's share in one process, combined exactly as the gather
-does) and, once, across two real gloo processes. Inverse tests show the default set
+does) and across real gloo processes at world size 2 and 4. Inverse tests show the default set
 (local GEMM + all_reduce sum) gives different bits at different degrees.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 
 import pytest
@@ -168,33 +167,34 @@ def test_tree_sum_order_is_fixed_pairwise():
     assert torch.equal(collectives.tree_sum(parts), expected)
 
 
-# ---- one real two-process gloo run ---------------------------------------------------
+# ---- real gloo runs at world size 2 and 4 ----------------------------------------------
 # K = 1024: at K = 256 and one thread the default's two half-K GEMMs happen to sum to the TP 1 bits,
-# which would leave the inverse assertion below to chance
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# which would leave the inverse assertion below to chance. virtual_shards = 4: 2 or 1 pieces per rank.
+# Rendezvous through a file in the test's own temporary directory (no TCP store port to pick, so
+# concurrent runs cannot collide); gloo's own connections bind ports the OS hands out.
+def _gloo_case(dtype):
+    x, w = _randn((5, 1024), dtype, 11), _randn((48, 1024), dtype, 12)
+    return x, w, _randn((48,), dtype, 13)
 
 
-def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _gloo_worker(rank: int, world: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init = "file://" + os.path.join(out_dir, "rendezvous")
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         results = {}
+        group = dist.group.WORLD
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            x, w = _randn((5, 1024), dtype, 11), _randn((48, 1024), dtype, 12)
-            bias = _randn((48,), dtype, 13)
+            x, w, bias = _gloo_case(dtype)
             x_r, w_r = collectives.shard_rows(x, w, world, rank)
-            group = dist.group.WORLD
             results[f"aligned_row_{name}"] = ALIGNED.row_parallel_linear(x_r, w_r, bias, group, 4)
+            results[f"aligned_row_nobias_{name}"] = ALIGNED.row_parallel_linear(x_r, w_r, None, group, 4)
             xf, wf = x_r.float(), w_r.float()
             results[f"default_row_{name}"] = DEFAULT.row_parallel_linear(xf, wf, None, group)
-            w_c = collectives.shard_columns(w, world, rank)
-            results[f"aligned_col_{name}"] = torch.cat(
-                collectives.all_gather_stacked(ALIGNED.linear(x, w_c), dist.group.WORLD).unbind(0), dim=-1
-            )
+            w_c, b_c = collectives.shard_columns(w, world, rank), bias.chunk(world)[rank]
+            for key, local in (("col", ALIGNED.linear(x, w_c)), ("col_bias", ALIGNED.linear(x, w_c, b_c))):
+                gathered = collectives.all_gather_stacked(local, group).unbind(0)
+                results[f"aligned_{key}_{name}"] = torch.cat(gathered, dim=-1)
             # gradients through the gather: each rank gets its slice of the TP 1 gradient
             xg, wg = x_r.clone().requires_grad_(), w_r.clone().requires_grad_()
             ALIGNED.row_parallel_linear(xg, wg, None, group, 4).float().square().sum().backward()
@@ -205,17 +205,21 @@ def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_gloo_world_size_2_matches_tp1():
+@pytest.mark.parametrize("world", [2, 4])
+def test_gloo_world_size_matches_tp1(world):
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_gloo_worker, args=(2, _free_port(), out_dir), nprocs=2, join=True)
-        ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
+        mp.spawn(_gloo_worker, args=(world, out_dir), nprocs=world, join=True)
+        ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world)]
     default_differs = False
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        x, w, bias = _randn((5, 1024), dtype, 11), _randn((48, 1024), dtype, 12), _randn((48,), dtype, 13)
+        x, w, bias = _gloo_case(dtype)
         tp1 = ALIGNED.row_parallel_linear(x, w, bias, virtual_shards=4)
+        tp1_nobias = ALIGNED.row_parallel_linear(x, w, None, virtual_shards=4)
         for res in ranks:
             assert torch.equal(res[f"aligned_row_{name}"], tp1)
+            assert torch.equal(res[f"aligned_row_nobias_{name}"], tp1_nobias)
             assert torch.equal(res[f"aligned_col_{name}"], ALIGNED.linear(x, w))
+            assert torch.equal(res[f"aligned_col_bias_{name}"], ALIGNED.linear(x, w, bias))
         default_tp1 = DEFAULT.linear(x.float(), w.float())
         default_differs |= not torch.equal(ranks[0][f"default_row_{name}"], default_tp1)
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -223,7 +227,7 @@ def test_gloo_world_size_2_matches_tp1():
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         for rank, res in enumerate(ranks):
             grad_x, grad_w = res[f"grads_{name}"]
-            x_slice, w_slice = collectives.shard_rows(xg.grad, wg.grad, 2, rank)
+            x_slice, w_slice = collectives.shard_rows(xg.grad, wg.grad, world, rank)
             assert grad_x is not None and grad_w is not None
             assert torch.allclose(grad_x.float(), x_slice.float(), rtol=tol, atol=tol * x_slice.abs().max())
             assert torch.allclose(grad_w.float(), w_slice.float(), rtol=tol, atol=tol * w_slice.abs().max())
