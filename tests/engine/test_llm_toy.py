@@ -6,6 +6,8 @@ reproduce the trainer's logprobs exactly; ``invariant=False`` (batched GEMMs) is
 inverse case and must not.
 """
 
+import warnings
+
 import pytest
 import torch
 from toy_model import ToyKernels, ToyModel
@@ -283,3 +285,22 @@ def test_prefix_cache_never_serves_another_versions_block_with_a_colliding_tag()
     assert llm.weight_version == 11
     out = llm.generate([[2, 5, 6, 7, 8]], PARAMS)[0]
     assert out.num_cached_tokens == 0 and llm.block_manager.stale_hits == 0
+
+
+def test_prefix_caching_on_where_supported_and_a_refused_request_is_said():
+    """None (the default) turns prefix caching on where the model supports it; an explicit True
+    on a model that cannot (a hybrid's recurrent state) warns once instead of going quiet."""
+    supported = ToyModel(invariant=True)
+    unsupported = ToyModel(invariant=True)
+    unsupported.supports_prefix_caching = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of these may warn
+        assert _engine(supported).enable_prefix_caching
+        assert not _engine(supported, enable_prefix_caching=False).enable_prefix_caching
+        assert not _engine(unsupported).enable_prefix_caching
+        assert not _engine(unsupported, enable_prefix_caching=False).enable_prefix_caching
+    with pytest.warns(UserWarning, match="enable_prefix_caching=True is ignored: ToyModel"):
+        llm = _engine(unsupported, enable_prefix_caching=True)
+    assert not llm.enable_prefix_caching
+    outputs = llm.generate(_prompts(3), SamplingParams(max_tokens=3, seed=1))
+    assert llm.prefix_cache_hits() == 0 and all(o.finish_reason == "length" for o in outputs)

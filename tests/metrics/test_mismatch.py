@@ -22,6 +22,7 @@ from zeromismatch.metrics import (
     pass_at_k,
     pre_clip_grad_norm,
     reward_stats,
+    support_aware_diff_stats,
 )
 
 F64 = torch.float64
@@ -202,3 +203,21 @@ def test_pass_at_k_by_hand():
         pass_at_k(3, 4, 1)
     with pytest.raises(TypeError, match="k must be an int"):
         pass_at_k(3, 1, 1.0)
+
+
+def test_support_aware_diff_stats_counts_tokens_outside_the_support():
+    """A token one side excludes (-inf under top-k/top-p) is counted, not refused: the statistics
+    cover the finite tokens and identical compares every token."""
+    rollout = torch.tensor([-0.5, -1.0, -2.0, -0.25])
+    trainer = torch.tensor([-0.5, float("-inf"), -2.5, -0.25])
+    stats = support_aware_diff_stats(rollout, trainer)
+    assert stats["nonfinite_tokens"] == 1 and stats["tokens"] == 3 and stats["identical"] is False
+    finite_only = logprob_diff_stats(rollout[[0, 2, 3]], trainer[[0, 2, 3]])
+    assert stats["diff_max"] == 0.5 and stats == {**finite_only, "identical": False, "nonfinite_tokens": 1}
+    same = support_aware_diff_stats(trainer, trainer.clone())  # two -inf are equal
+    assert same["identical"] and same["nonfinite_tokens"] == 1 and same["diff_max"] == 0.0
+    nothing = support_aware_diff_stats(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
+    assert nothing == {"diff_max": 0.0, "diff_mean": 0.0, "diff_std": 0.0, "k3_kl": 0.0, "tokens": 0,
+                       "identical": False, "nonfinite_tokens": 1}  # fmt: skip
+    exact = support_aware_diff_stats(rollout, rollout.clone())
+    assert exact == {**logprob_diff_stats(rollout, rollout), "nonfinite_tokens": 0}

@@ -13,6 +13,14 @@ PRESETS = ["tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # (preset, quant) pairs: FP8 for the DeepSeek family, NVFP4 for the Nemotron family (S1, S3)
 QUANTIZED = [("tiny-deepseek-v3", "fp8"), ("tiny-nemotron-h", "nvfp4"), ("tiny-qwen3-moe", "fp8")]
+
+
+def dtype_quant_grid(dtypes=tuple(DTYPES)) -> list[tuple[str, str, str | None]]:
+    """The chain's (preset, activation dtype, quant) grid: every preset dense in each of ``dtypes``,
+    then each ``QUANTIZED`` pair with bf16 activations (quantized weights run bf16 models)."""
+    return [(p, d, None) for p in PRESETS for d in dtypes] + [(p, "bf16", q) for p, q in QUANTIZED]
+
+
 SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.95, max_tokens=6)
 
 

@@ -14,9 +14,8 @@ shows a nonzero difference with the default kernels (searching seeds determinist
 import pytest
 import torch
 from parity_helpers import (
-    DTYPES,
     PRESETS,
-    QUANTIZED,
+    dtype_quant_grid,
     engine,
     first_mismatch,
     logprobs_of,
@@ -33,12 +32,11 @@ from zeromismatch.train.logprobs import compute_logprobs
 # The whole grid runs under -m slow; the default (fast) run keeps a representative subset,
 # because the aligned GEMMs of the tiny models take seconds per workload on a 2-core machine.
 def _cases(fast: set[tuple[str, str, str | None]]):
-    grid = [(p, d, None) for p in PRESETS for d in DTYPES] + [(p, "bf16", q) for p, q in QUANTIZED]
     return [
         pytest.param(
             p, d, q, id=f"{p}-{d}-{q or 'dense'}", marks=() if (p, d, q) in fast else pytest.mark.slow
         )
-        for p, d, q in grid
+        for p, d, q in dtype_quant_grid()
     ]
 
 
@@ -134,6 +132,41 @@ def test_link3_decode_equals_reprefill(preset, dtype, quant):
 @pytest.mark.parametrize("preset", _presets({"tiny-qwen3"}))
 def test_link3_inverse_default_kernels(preset):
     m = model(preset, "default")
+    assert first_mismatch(lambda seed: _decode_vs_reprefill_differs(m, "default", seed)) is not None
+
+
+# ---- the inverses of links 1-3 on the rest of the grid: bf16 and the quantized formats (fp32 above) ----
+BF16_GRID = [case for case in _cases(set()) if case.values[1] == "bf16"]  # all slow
+QUANTIZED_GRID = [case for case in BF16_GRID if case.values[2] is not None]
+
+
+# Link 1 has no inverse for bf16 dense weights: there the default set's trainer is micro-batch
+# invariant on this CPU (seeds 0-15 x 4 presets, no difference). Its only batch-dependent ops are the
+# GEMMs (attention, conv and scan go one sequence at a time; norms and activations are per row),
+# and in bf16 every default GEMM is oneDNN's -- the prepacked linear and the experts' F.linear --
+# which gave the same bits per row at every row count from 1 to 63 at these models' shapes (in fp32
+# the default set sends small shapes to MKL, whose kernel changes with the row count). Quantized
+# linears break it: the default set quantizes activations with one scale for the whole batch.
+@pytest.mark.parametrize("preset, dtype, quant", QUANTIZED_GRID)
+def test_link1_inverse_default_kernels_quantized(preset, dtype, quant):
+    m = model(preset, "default", dtype=dtype, quant=quant)
+    assert first_mismatch(lambda seed: _microbatch_differs(m, seed)) is not None
+
+
+@pytest.mark.parametrize("preset, dtype, quant", BF16_GRID)
+def test_link2_inverse_default_kernels_bf16_and_quantized(preset, dtype, quant):
+    m = model(preset, "default", dtype=dtype, quant=quant)
+
+    def differs(seed):  # a small workload: it differs at every seed 0-5 for every case
+        outputs = rollout(engine(m, "default"), seed, num_prompts=3, max_tokens=4)
+        return trainer_diff(m, outputs)[1] > 0
+
+    assert first_mismatch(differs) is not None
+
+
+@pytest.mark.parametrize("preset, dtype, quant", BF16_GRID)
+def test_link3_inverse_default_kernels_bf16_and_quantized(preset, dtype, quant):
+    m = model(preset, "default", dtype=dtype, quant=quant)
     assert first_mismatch(lambda seed: _decode_vs_reprefill_differs(m, "default", seed)) is not None
 
 

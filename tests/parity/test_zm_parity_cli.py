@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from parity_helpers import QUANTIZED, first_mismatch
 
 from zeromismatch.cli import main
 
@@ -91,3 +92,58 @@ def test_zm_parity_compares_nothing_when_an_engine_step_failed(capsys, monkeypat
     captured = capsys.readouterr()
     assert rc == 1 and captured.out == ""
     assert "engine error" in captured.err and "injected kernel failure" in captured.err
+
+
+# the quantized (preset, format) pairs of the parity grid, and one dense preset, all in bf16
+QUANT_AND_BF16 = [pytest.param(p, q, id=f"{p}-bf16-{q}") for p, q in QUANTIZED] + [
+    pytest.param("tiny-qwen3", "none", id="tiny-qwen3-bf16-dense")
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, quant", QUANT_AND_BF16)
+def test_zm_parity_exact_zeros_aligned_not_default_with_quant_bf16_and_truncated_sampling(
+    capsys, preset, quant
+):
+    options = ["--model", preset, "--quant", quant, "--dtype", "bf16", "--num-prompts", "4",
+               "--max-tokens", "4", "--temperature", "0.8", "--top-k", "5", "--top-p", "0.9",
+               "--max-num-seqs", "2", "--json"]  # fmt: skip
+    rc = main(["parity", *options, "--kernels", "aligned"])
+    result = json.loads(capsys.readouterr().out)
+    assert rc == 0 and result["identical"] is True
+    assert result["tokens"] == result["informative_tokens"] == 16  # no logprob is 0 on both sides
+    assert [result[k] for k in ("diff_max", "diff_mean", "diff_std", "k3_kl")] == [0.0] * 4
+    echoed = [result[k] for k in ("quant", "dtype", "temperature", "top_k", "top_p", "max_num_seqs")]
+    assert echoed == [quant, "bf16", 0.8, 5, 0.9, 2]
+
+    def default_differs(seed):
+        rc = main(["parity", *options, "--kernels", "default", "--seed", str(seed)])
+        result = json.loads(capsys.readouterr().out)
+        assert rc == 0
+        # tokens the default engine sampled outside the trainer's top-k/top-p support (-inf there;
+        # at seeds 0-5 of the fp8 / nvfp4 cases but one) are counted, not refused (until session 15
+        # they made the run exit 2 as bad input)
+        assert result["tokens"] + result["nonfinite_tokens"] == 16
+        return not result["identical"]
+
+    assert first_mismatch(default_differs) is not None
+
+
+def test_zm_parity_reports_tokens_outside_the_trainers_support(capsys):
+    """Default kernels under top-k: the engine samples tokens the trainer's top-k excludes (-inf
+    there). The run reports them (text: a nonfinite_tokens line and a note on stderr) and exits 0
+    with identical False; it used to exit 2 as if the input were bad."""
+    options = ["parity", "--model", "tiny-qwen3-moe", "--quant", "fp8", "--dtype", "bf16", "--kernels",
+               "default", "--num-prompts", "4", "--max-tokens", "4", "--temperature", "0.8", "--top-k", "5",
+               "--top-p", "0.9", "--max-num-seqs", "2"]  # fmt: skip
+
+    def outside_support(seed):
+        rc = main([*options, "--seed", str(seed)])
+        captured = capsys.readouterr()
+        assert rc == 0 and "identical" in captured.out
+        if "nonfinite_tokens" not in captured.out:
+            return False
+        assert "identical  False" in captured.out and "outside the trainer's top-k/top-p" in captured.err
+        return True
+
+    assert first_mismatch(outside_support) is not None  # (seeds 0-5 all have such tokens here)

@@ -83,18 +83,13 @@ def token_diffs(prompts, rollout: list[torch.Tensor], trainer: list[torch.Tensor
 
 
 def downstream_stats(rollout: torch.Tensor, trainer: torch.Tensor) -> dict:
-    """``logprob_diff_stats`` over the tokens finite on both sides. Forced tokens outside the
-    top-k / top-p support have logprob -inf; they are counted (``nonfinite_tokens``) and
-    still take part in ``identical``, which compares every token's bits."""
-    from ..metrics.mismatch import logprob_diff_stats
+    """``support_aware_diff_stats``: forced tokens outside the top-k / top-p support have logprob
+    -inf; they are counted (``nonfinite_tokens``) and still take part in ``identical``, which here
+    compares every token's bits (``bits_equal``: nan payloads included)."""
+    from ..metrics.mismatch import support_aware_diff_stats
 
-    finite = torch.isfinite(rollout) & torch.isfinite(trainer)
-    if bool(finite.any()):
-        stats = logprob_diff_stats(rollout, trainer, mask=finite)
-    else:
-        stats = {"diff_max": 0.0, "diff_mean": 0.0, "diff_std": 0.0, "k3_kl": 0.0, "tokens": 0}
+    stats = support_aware_diff_stats(rollout, trainer)
     stats["identical"] = bits_equal(rollout, trainer)
-    stats["nonfinite_tokens"] = int((~finite).sum())
     return stats
 
 

@@ -8,9 +8,12 @@ batch composition changes at almost every step, and prompts longer than
 (``--tp`` workers) generates up to ``--max-tokens`` tokens per prompt; then the trainer
 (``--trainer-tp``) recomputes every sampled token's logprob with its own packing: other
 micro-batch sizes and the reverse order. Output: diff_max, diff_mean, diff_std, k3_kl
-(``zeromismatch.metrics.mismatch.logprob_diff_stats``), tokens, informative_tokens (those whose logprob
-is not exactly 0 on both sides), identical. Processed logprobs under greedy or top_k 1 sampling are all 0
-on any kernels, so that combination is refused; a run in which an engine step failed compares nothing.
+(``zeromismatch.metrics.mismatch.support_aware_diff_stats``: over the tokens both sides give a finite
+logprob), tokens (those), informative_tokens (those whose logprob is not exactly 0 on both sides),
+nonfinite_tokens (sampled tokens one side gives -inf: with unaligned kernels, top-k/top-p can exclude
+on the trainer a token the engine sampled), identical (every token). Processed logprobs under greedy or
+top_k 1 sampling are all 0 on any kernels, so that combination is refused; a run in which an engine step
+failed compares nothing.
 """
 
 from __future__ import annotations
@@ -100,9 +103,12 @@ def trainer_logprobs(preset, kernels, dtype, seed, quant, trainer_tp, outputs) -
 
 
 def diff_stats(rollout: torch.Tensor, trainer: torch.Tensor) -> dict:
-    from ..metrics.mismatch import logprob_diff_stats
+    # support-aware: with unaligned kernels under top-k/top-p the engine can sample a token the
+    # trainer's processed distribution excludes (-inf there): reported (identical False,
+    # nonfinite_tokens), not refused as bad input as it was until session 15
+    from ..metrics.mismatch import support_aware_diff_stats
 
-    return logprob_diff_stats(rollout, trainer)
+    return support_aware_diff_stats(rollout, trainer)
 
 
 def run_parity(
@@ -277,6 +283,14 @@ def run(args) -> int:
     if not result["informative_tokens"]:
         print("zm parity: every compared logprob is exactly 0; 'identical' says only that both sides "
               "chose the same tokens (use --logprobs-mode raw)", file=sys.stderr)  # fmt: skip
-    for key in ("diff_max", "diff_mean", "diff_std", "k3_kl", "tokens", "informative_tokens", "identical"):
+    keys = ["diff_max", "diff_mean", "diff_std", "k3_kl", "tokens", "informative_tokens", "identical"]
+    if result["nonfinite_tokens"]:
+        keys.insert(keys.index("tokens") + 1, "nonfinite_tokens")
+        print(
+            f"zm parity: {result['nonfinite_tokens']} sampled token(s) have a non-finite logprob on one "
+            "side (outside the trainer's top-k/top-p support); the diff statistics cover the others",
+            file=sys.stderr,
+        )
+    for key in keys:
         print(f"{key:10s} {result[key]}")
     return 0

@@ -82,7 +82,7 @@ class LLM:
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 512,
         prefill_chunk: int | None = None,
-        enable_prefix_caching: bool = True,
+        enable_prefix_caching: bool | None = None,
         prefix_cache_versioned: bool = True,
         block_size: int = 16,
         num_blocks: int | None = None,
@@ -107,7 +107,17 @@ class LLM:
         model_max = int(self.model.config.max_position_embeddings)
         self.max_model_len = min(max_model_len or model_max, model_max)
         supports_prefix = bool(getattr(self.model, "supports_prefix_caching", True))
-        self.enable_prefix_caching = enable_prefix_caching and supports_prefix
+        if enable_prefix_caching and not supports_prefix:
+            # asked for, not given: said once, not silently (a hybrid's Mamba2 state summarises its
+            # whole prefix and cannot be rebuilt from cached K/V blocks; models/hybrid.py)
+            warnings.warn(
+                f"enable_prefix_caching=True is ignored: {type(self.model).__name__} does not support "
+                "prefix caching (per-sequence recurrent state); every prompt is prefilled",
+                stacklevel=2,
+            )
+        # None (the default): on wherever the model supports it
+        wanted = True if enable_prefix_caching is None else bool(enable_prefix_caching)
+        self.enable_prefix_caching = supports_prefix and wanted
         if num_blocks is None:
             per_seq = -(-self.max_model_len // block_size)
             num_blocks = max(per_seq, min(max_num_seqs * per_seq, 4096))

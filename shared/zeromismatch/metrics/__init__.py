@@ -11,6 +11,7 @@ from zeromismatch.metrics.mismatch import (
     pass_at_k,
     pre_clip_grad_norm,
     reward_stats,
+    support_aware_diff_stats,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "pass_at_k",
     "pre_clip_grad_norm",
     "reward_stats",
+    "support_aware_diff_stats",
 ]

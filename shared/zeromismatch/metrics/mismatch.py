@@ -7,6 +7,8 @@ adds no rounding worth speaking of, and identical inputs give exactly 0.0:
   same weights; max |diff|, mean |diff|, population std of diff, and the k3 estimator
   mean(exp(d) - 1 - d) of KL(rollout || trainer) from rollout samples. "Zero mismatch"
   means all four are exactly 0.0 (``identical`` says the inputs are equal value for value).
+  ``support_aware_diff_stats``: the same over tokens finite on both sides, counting the others
+  (a sampled token outside one side's top-k/top-p support has logprob -inf there).
 - ``is_weight_stats``: rho_t = exp(l_learner - l_rollout); peak deviation = max / median.
 - ``clip_fraction``: share of ratios outside [1 - eps_low, 1 + eps_high].
 - ``entropy_from_logprobs``: mean token entropy from full log-probability rows.
@@ -35,6 +37,7 @@ __all__ = [
     "pass_at_k",
     "pre_clip_grad_norm",
     "reward_stats",
+    "support_aware_diff_stats",
 ]
 
 
@@ -118,6 +121,24 @@ def logprob_diff_stats(rollout_logprobs, trainer_logprobs, mask=None) -> dict:
         "tokens": int(diff.numel()),
         "identical": identical,
     }
+
+
+def support_aware_diff_stats(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor) -> dict:
+    """``logprob_diff_stats`` over the tokens both sides give a finite logprob, plus
+    ``nonfinite_tokens``: the others. Under top-k / top-p a token outside one side's processed
+    support has logprob -inf there; with unaligned kernels the engine can sample a token the
+    trainer's support excludes -- the worst mismatch there is, counted here rather than refused as
+    bad input (``logprob_diff_stats`` raises on it). ``tokens`` counts the finite tokens (all four
+    statistics are 0.0 when there are none); ``identical`` compares every token (``torch.equal``:
+    two -inf are equal, a nan never is)."""
+    finite = torch.isfinite(rollout_logprobs) & torch.isfinite(trainer_logprobs)
+    if bool(finite.any()):
+        stats = logprob_diff_stats(rollout_logprobs, trainer_logprobs, mask=finite)
+    else:
+        stats = {"diff_max": 0.0, "diff_mean": 0.0, "diff_std": 0.0, "k3_kl": 0.0, "tokens": 0}
+    stats["identical"] = bool(torch.equal(rollout_logprobs, trainer_logprobs))
+    stats["nonfinite_tokens"] = int((~finite).sum())
+    return stats
 
 
 def _median(values: torch.Tensor) -> float:

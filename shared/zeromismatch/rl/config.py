@@ -61,7 +61,7 @@ class RLConfig:
     # no-grad forward) to measure the kernel mismatch apart from weight lag; False skips that audit
     # (kernel-mismatch and gap metrics are then NaN at lag > 0) -- for throughput measurements only
     audit_rollout_version: bool = True
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = True  # on where the policy supports it (not hybrid Mamba2 models)
     prefix_cache_versioned: bool = True  # False reproduces the stale-prefix bug of S2 fix 2
     lm_head_precision: str = "fp32"
     step_latency_s: float = 0.0  # desktop env: injected latency per env step

@@ -52,7 +52,9 @@ class RolloutWorker:
             kernels=config.engine_kernels,
             max_num_seqs=max(8, config.prompts_per_step * config.group_size),
             max_num_batched_tokens=2048,
-            enable_prefix_caching=config.enable_prefix_caching,
+            # True: on where the policy supports it (a hybrid's Mamba2 state does not), without the
+            # engine's warning for an explicit request: every config carries the field's default
+            enable_prefix_caching=None if config.enable_prefix_caching else False,
             prefix_cache_versioned=config.prefix_cache_versioned,
             lm_head_precision=config.lm_head_precision,
         )
