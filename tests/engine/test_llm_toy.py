@@ -299,8 +299,9 @@ def test_prefix_caching_on_where_supported_and_a_refused_request_is_said():
         assert not _engine(supported, enable_prefix_caching=False).enable_prefix_caching
         assert not _engine(unsupported).enable_prefix_caching
         assert not _engine(unsupported, enable_prefix_caching=False).enable_prefix_caching
-    with pytest.warns(UserWarning, match="enable_prefix_caching=True is ignored: ToyModel"):
+    with pytest.warns(UserWarning, match="enable_prefix_caching=True is ignored: ToyModel") as seen:
         llm = _engine(unsupported, enable_prefix_caching=True)
+    assert len(seen) == 1 and seen[0].filename == __file__  # pointed at the LLM(...) call (in _engine)
     assert not llm.enable_prefix_caching
     outputs = llm.generate(_prompts(3), SamplingParams(max_tokens=3, seed=1))
     assert llm.prefix_cache_hits() == 0 and all(o.finish_reason == "length" for o in outputs)

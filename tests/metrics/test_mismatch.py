@@ -221,3 +221,15 @@ def test_support_aware_diff_stats_counts_tokens_outside_the_support():
                        "identical": False, "nonfinite_tokens": 1}  # fmt: skip
     exact = support_aware_diff_stats(rollout, rollout.clone())
     assert exact == {**logprob_diff_stats(rollout, rollout), "nonfinite_tokens": 0}
+
+
+def test_support_aware_diff_stats_validates_as_logprob_diff_stats_does():
+    with pytest.raises(ValueError, match="no tokens to compare"):
+        support_aware_diff_stats(torch.tensor([]), torch.tensor([]))
+    with pytest.raises(ValueError, match="shape"):
+        support_aware_diff_stats(torch.tensor([float("nan")]), torch.tensor([float("nan")] * 2))
+    with pytest.raises(TypeError, match="floating-point"):
+        support_aware_diff_stats(torch.tensor([1, 2]), torch.tensor([1, 2]))
+    per_request = [torch.tensor([-0.5, float("-inf")]), torch.tensor([-1.0])]
+    stats = support_aware_diff_stats(per_request, [t.clone() for t in per_request])
+    assert stats["identical"] and stats["tokens"] == 2 and stats["nonfinite_tokens"] == 1

@@ -44,6 +44,18 @@ def test_link4_inverse_default_kernels(preset):
     assert found is not None
 
 
+def test_trainer_tp2_inverse_default_kernels():
+    found = None
+    for seed in range(4):
+        result = run_parity(
+            "tiny-qwen3", "default", seed=seed, num_prompts=4, max_tokens=5, tp=1, trainer_tp=2
+        )
+        if not result["identical"]:
+            found = seed
+            break
+    assert found is not None
+
+
 def test_tp_engine_step_api_update_and_bad_input():
     with LLM("tiny-qwen3", "aligned", tp=2, max_num_seqs=2, block_size=8) as llm:
         with pytest.raises(ValueError, match="empty"):
@@ -80,3 +92,19 @@ def test_link4_native_set_engine_tp2_equals_trainer_tp1():
         "tiny-qwen3", "aligned-native", seed=6, num_prompts=4, max_tokens=5, tp=2, trainer_tp=1, top_p=0.9
     )
     assert result["identical"] and result["diff_max"] == 0.0 and result["tokens"] == 20
+
+
+def test_tp_engine_says_once_that_a_hybrid_has_no_prefix_caching():
+    """An explicit enable_prefix_caching=True on a hybrid: one warning in the caller's process (it
+    went once per worker, to their stderr), then the engine serves without prefix caching."""
+    ignored = "enable_prefix_caching=True is ignored: NemotronHForCausalLM"
+    with pytest.warns(UserWarning, match=ignored) as seen:
+        llm = LLM(
+            "tiny-nemotron-h", "aligned", tp=2, enable_prefix_caching=True, max_num_seqs=2, block_size=8
+        )
+    with llm:
+        assert len(seen) == 1 and seen[0].filename == __file__  # pointed at this call
+        prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        outputs = [llm.generate([prompt], SamplingParams(**SAMPLING, seed=s))[0] for s in (1, 2)]
+        assert all(len(o.token_ids) == SAMPLING["max_tokens"] for o in outputs)
+        assert llm.prefix_cache_hits() == 0

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from parity_helpers import QUANTIZED, first_mismatch
 
 from zeromismatch.cli import main
@@ -129,6 +130,7 @@ def test_zm_parity_exact_zeros_aligned_not_default_with_quant_bf16_and_truncated
     assert first_mismatch(default_differs) is not None
 
 
+@pytest.mark.slow
 def test_zm_parity_reports_tokens_outside_the_trainers_support(capsys):
     """Default kernels under top-k: the engine samples tokens the trainer's top-k excludes (-inf
     there). The run reports them (text: a nonfinite_tokens line and a note on stderr) and exits 0
@@ -147,3 +149,18 @@ def test_zm_parity_reports_tokens_outside_the_trainers_support(capsys):
         return True
 
     assert first_mismatch(outside_support) is not None  # (seeds 0-5 all have such tokens here)
+
+
+def test_parity_stats_count_excluded_tokens_and_refuse_broken_ones():
+    """-inf on one side (a token outside the trainer's support) is counted; a nan or +inf logprob
+    is a broken side, one clear error; informative_tokens counts among the compared tokens."""
+    from zeromismatch.commands.parity import diff_stats
+
+    rollout = torch.tensor([-0.5, -1.0, 0.0, -2.0])
+    trainer = torch.tensor([-0.5, float("-inf"), 0.0, -2.5])
+    stats = diff_stats(rollout, trainer)
+    assert (stats["tokens"], stats["nonfinite_tokens"], stats["informative_tokens"]) == (3, 1, 2)
+    assert stats["identical"] is False and stats["diff_max"] == 0.5
+    for broken in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="nan or \\+inf"):
+            diff_stats(rollout, torch.tensor([-0.5, broken, 0.0, -2.0]))

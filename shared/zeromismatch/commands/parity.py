@@ -103,12 +103,22 @@ def trainer_logprobs(preset, kernels, dtype, seed, quant, trainer_tp, outputs) -
 
 
 def diff_stats(rollout: torch.Tensor, trainer: torch.Tensor) -> dict:
-    # support-aware: with unaligned kernels under top-k/top-p the engine can sample a token the
-    # trainer's processed distribution excludes (-inf there): reported (identical False,
-    # nonfinite_tokens), not refused as bad input as it was until session 15
+    """Support-aware: with unaligned kernels under top-k/top-p the engine can sample a token the
+    trainer's processed distribution excludes (-inf there): reported (identical False,
+    ``nonfinite_tokens``), not refused as bad input as it was until session 15. A nan or +inf
+    logprob is no such case but a broken side: still one clear error."""
     from ..metrics.mismatch import support_aware_diff_stats
 
-    return support_aware_diff_stats(rollout, trainer)
+    for values, name in ((rollout, "the engine's"), (trainer, "the trainer's")):
+        broken = torch.isnan(values) | (values == float("inf"))
+        if bool(broken.any()):
+            raise ValueError(f"{name} logprobs hold {int(broken.sum())} nan or +inf value(s)")
+    stats = support_aware_diff_stats(rollout, trainer)
+    # tokens whose logprob carries information, among the compared (finite) ones: a tiny top_p makes
+    # many processed logprobs exactly 0 on both sides, and those agree whatever the kernels
+    finite = torch.isfinite(rollout) & torch.isfinite(trainer)
+    stats["informative_tokens"] = int((finite & ((rollout != 0) | (trainer != 0))).sum())
+    return stats
 
 
 def run_parity(
@@ -197,9 +207,6 @@ def run_parity(
     rollout = torch.cat([torch.tensor(o.logprobs, dtype=torch.float32) for o in outputs])
     trainer = torch.cat(trainer)
     result = diff_stats(rollout, trainer)
-    # tokens whose logprob carries information: a tiny top_p makes many processed logprobs exactly 0
-    # on both sides, and those agree whatever the kernels
-    result["informative_tokens"] = int(((rollout != 0) | (trainer != 0)).sum())
     result.update(stats)
     result.update(
         model=model,

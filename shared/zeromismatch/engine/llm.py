@@ -64,6 +64,17 @@ def resolve_model(model, kernels, dtype, seed, quant=None, tp_group=None):
     return model
 
 
+def warn_prefix_caching_ignored(model_class: type, stacklevel: int) -> None:
+    """An explicit ``enable_prefix_caching=True`` on a model without prefix caching: said once,
+    not dropped silently (a hybrid's Mamba2 state summarises its whole prefix and cannot be
+    rebuilt from cached K/V blocks; models/hybrid.py)."""
+    warnings.warn(
+        f"enable_prefix_caching=True is ignored: {model_class.__name__} does not support prefix "
+        "caching (per-sequence recurrent state); every prompt is prefilled",
+        stacklevel=stacklevel + 1,
+    )
+
+
 class LLM:
     def __new__(cls, *args, tp: int = 1, tp_group=None, **kwargs):
         if cls is LLM and tp > 1 and tp_group is None:
@@ -108,13 +119,7 @@ class LLM:
         self.max_model_len = min(max_model_len or model_max, model_max)
         supports_prefix = bool(getattr(self.model, "supports_prefix_caching", True))
         if enable_prefix_caching and not supports_prefix:
-            # asked for, not given: said once, not silently (a hybrid's Mamba2 state summarises its
-            # whole prefix and cannot be rebuilt from cached K/V blocks; models/hybrid.py)
-            warnings.warn(
-                f"enable_prefix_caching=True is ignored: {type(self.model).__name__} does not support "
-                "prefix caching (per-sequence recurrent state); every prompt is prefilled",
-                stacklevel=2,
-            )
+            warn_prefix_caching_ignored(type(self.model), stacklevel=2)
         # None (the default): on wherever the model supports it
         wanted = True if enable_prefix_caching is None else bool(enable_prefix_caching)
         self.enable_prefix_caching = supports_prefix and wanted

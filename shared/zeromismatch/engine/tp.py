@@ -127,6 +127,16 @@ class TensorParallelLLM:
             raise TypeError("LLM(tp>1) needs the kernel set by name")
         if kwargs.get("quant") not in (None, "none"):  # one error here, not one per worker
             raise ValueError("LLM(tp>1) cannot quantize: quantize_model does not shard quantized weights")
+        if kwargs.get("enable_prefix_caching"):
+            # said here, once (in the workers it went once per rank to their stderr, out of the
+            # caller's reach); the workers then get None: "where supported"
+            from ..models import MODEL_CLASSES, resolve_config
+            from .llm import warn_prefix_caching_ignored
+
+            model_class = MODEL_CLASSES[resolve_config(model).family]
+            if not getattr(model_class, "supports_prefix_caching", True):
+                warn_prefix_caching_ignored(model_class, stacklevel=3)
+                kwargs = {**kwargs, "enable_prefix_caching": None}
         ctx = mp.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         threads = _threads_per_worker(tp)

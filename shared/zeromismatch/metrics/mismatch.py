@@ -67,8 +67,11 @@ def _check_mask(mask, shape: torch.Size, name: str = "mask") -> torch.Tensor | N
     return mask
 
 
-def _select_pair(first, second, mask, first_name: str, second_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate two same-shaped float inputs and return their masked tokens (original dtype, 1-D)."""
+def _select_pair(
+    first, second, mask, first_name: str, second_name: str, finite: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate two same-shaped float inputs and return their masked tokens (original dtype, 1-D);
+    with ``finite`` (the default) every selected value must be finite."""
     first = _as_tensor(first, first_name)
     second = _as_tensor(second, second_name)
     for value, name in ((first, first_name), (second, second_name)):
@@ -85,7 +88,7 @@ def _select_pair(first, second, mask, first_name: str, second_name: str) -> tupl
     if first.numel() == 0:
         raise ValueError(f"no tokens to compare ({first_name} is empty or the mask selects nothing)")
     for value, name in ((first, first_name), (second, second_name)):
-        if not bool(torch.isfinite(value).all()):
+        if finite and not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name} contains non-finite values (NaN or inf) at selected tokens")
     return first, second
 
@@ -130,13 +133,18 @@ def support_aware_diff_stats(rollout_logprobs: torch.Tensor, trainer_logprobs: t
     trainer's support excludes -- the worst mismatch there is, counted here rather than refused as
     bad input (``logprob_diff_stats`` raises on it). ``tokens`` counts the finite tokens (all four
     statistics are 0.0 when there are none); ``identical`` compares every token (``torch.equal``:
-    two -inf are equal, a nan never is)."""
-    finite = torch.isfinite(rollout_logprobs) & torch.isfinite(trainer_logprobs)
+    two -inf are equal, a nan never is). Zero mismatch here is ``identical``: the four statistics
+    leave the non-finite tokens out. The inputs are validated as ``logprob_diff_stats`` does (float,
+    same shape, not empty), except for finiteness."""
+    rollout, trainer = _select_pair(
+        rollout_logprobs, trainer_logprobs, None, "rollout_logprobs", "trainer_logprobs", finite=False
+    )
+    finite = torch.isfinite(rollout) & torch.isfinite(trainer)
     if bool(finite.any()):
-        stats = logprob_diff_stats(rollout_logprobs, trainer_logprobs, mask=finite)
+        stats = logprob_diff_stats(rollout, trainer, mask=finite)
     else:
         stats = {"diff_max": 0.0, "diff_mean": 0.0, "diff_std": 0.0, "k3_kl": 0.0, "tokens": 0}
-    stats["identical"] = bool(torch.equal(rollout_logprobs, trainer_logprobs))
+    stats["identical"] = bool(torch.equal(rollout, trainer))
     stats["nonfinite_tokens"] = int((~finite).sum())
     return stats
 
