@@ -3,7 +3,11 @@ TP 2 == the engine at TP 1, for every preset in fp32 and bf16; inverse: default 
 (every preset). Each ``run_parity`` call spawns its own workers (~5 s here, the run itself well
 under 1 s), so these are slow tests."""
 
+import os
+import tempfile
+
 import pytest
+import torch
 from parity_helpers import PRESETS, SAMPLING
 
 from zeromismatch.commands.parity import run_parity
@@ -108,3 +112,35 @@ def test_tp_engine_says_once_that_a_hybrid_has_no_prefix_caching():
         outputs = [llm.generate([prompt], SamplingParams(**SAMPLING, seed=s))[0] for s in (1, 2)]
         assert all(len(o.token_ids) == SAMPLING["max_tokens"] for o in outputs)
         assert llm.prefix_cache_hits() == 0
+
+
+def _rank_one_fails(rank, group):
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    return rank
+
+
+def _rank_one_dies(rank, group):
+    if rank == 1:
+        os._exit(3)  # no reply, no traceback: as a crash would
+    torch.distributed.barrier(group=group)
+    return rank
+
+
+def test_tp_workers_rendezvous_in_a_private_directory_that_goes_with_them(monkeypatch, tmp_path):
+    """Workers meet through a file in a fresh directory (no port picked and released, which another
+    process could take in between); it is removed when they are gone, after a failure too."""
+    from zeromismatch.engine.tp import run_spmd
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # a failure on a rank other than 0 is an error even when rank 0 has its result (it used to
+    # be dropped: rank 0's reply was the only one read)
+    with pytest.raises(RuntimeError, match="rank 1 fails on purpose"):
+        run_spmd(_rank_one_fails, 2, timeout=120)
+    with pytest.raises(RuntimeError, match="tensor-parallel worker"):
+        run_spmd(_rank_one_dies, 2, timeout=120)
+    with LLM("tiny-qwen3", "aligned", tp=2, max_num_seqs=2, block_size=8) as llm:
+        assert [p.name[:6] for p in tmp_path.iterdir()] == ["zm-tp-"]  # the engine's, while it runs
+        output = llm.generate([[1, 2, 3]], SamplingParams(**SAMPLING, seed=1))[0]
+        assert len(output.token_ids) == SAMPLING["max_tokens"]
+    assert list(tmp_path.iterdir()) == []

@@ -19,14 +19,19 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
-import socket
+import shutil
+import tempfile
+import time
 import traceback
+from queue import Empty
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _rendezvous() -> tuple[str, str]:
+    """``(init_method, directory)``: a file rendezvous in a fresh private directory, removed by the
+    caller once its workers are gone. A ``tcp://`` rendezvous on a port found free by binding and
+    releasing it (session 14 and before) could lose that port to another process in between."""
+    directory = tempfile.mkdtemp(prefix="zm-tp-")
+    return "file://" + os.path.join(directory, "rendezvous"), directory
 
 
 def _init_group(rank: int, world_size: int, init_method: str, threads: int):
@@ -67,22 +72,54 @@ def _engine_worker(rank, world_size, init_method, threads, conn, args, kwargs) -
 
 
 def _spmd_worker(rank, world_size, init_method, threads, queue, fn, args) -> None:
+    """Puts one ``(rank, status, payload)`` reply: ``"ok"`` with rank 0's result (as bytes; None on
+    the other ranks) once every rank is through ``fn``, or ``"error"`` with the traceback."""
     import torch
     import torch.distributed as dist
 
     try:
         group = _init_group(rank, world_size, init_method, threads)
         result = fn(rank, group, *args)
+        payload = None
         if rank == 0:
             # serialise to bytes: a tensor put on a Queue travels as a shared-memory handle that
             # dies with this process, which may exit before the parent unpickles it
             buffer = io.BytesIO()
             torch.save(result, buffer)
-            queue.put(("ok", buffer.getvalue()))
+            payload = buffer.getvalue()
         dist.barrier()
         dist.destroy_process_group()
+        queue.put((rank, "ok", payload))
     except Exception as err:
-        queue.put(("error", (repr(err), traceback.format_exc())))
+        queue.put((rank, "error", (repr(err), traceback.format_exc())))
+
+
+def _replies(queue, procs, timeout: float) -> dict:
+    """``{rank: (status, payload)}``: every rank's reply, or up to the first error; a rank that
+    exits without one is an error of its own, and so is running past ``timeout`` seconds."""
+    replies: dict = {}
+    deadline = time.monotonic() + timeout
+    exited_at: dict = {}  # rank -> when it was first seen exited without a reply
+    while len(replies) < len(procs):
+        try:
+            rank, status, payload = queue.get(timeout=0.1)
+        except Empty:
+            now = time.monotonic()
+            for r, proc in enumerate(procs):
+                if r not in replies and proc.exitcode is not None:
+                    exited_at.setdefault(r, now)
+                    # a rank flushes its reply before it exits: one still missing a second later
+                    # (after further reads) has none
+                    if now - exited_at[r] > 1.0:
+                        replies[r] = ("error", (f"exited (code {proc.exitcode}) without a result", ""))
+                        return replies
+            if now > deadline:
+                raise TimeoutError(f"tensor-parallel workers gave no result within {timeout:.0f} s") from None
+            continue
+        replies[rank] = (status, payload)
+        if status != "ok":
+            return replies
+    return replies
 
 
 def _threads_per_worker(world_size: int) -> int:
@@ -93,7 +130,7 @@ def run_spmd(fn, world_size: int, *args, timeout: float = 600.0):
     """Run ``fn(rank, group, *args)`` in ``world_size`` spawned gloo workers; rank 0's result."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    init_method, rendezvous_dir = _rendezvous()
     threads = _threads_per_worker(world_size)
     procs = [
         ctx.Process(
@@ -101,20 +138,27 @@ def run_spmd(fn, world_size: int, *args, timeout: float = 600.0):
         )
         for r in range(world_size)
     ]
-    for proc in procs:
-        proc.start()
+    replies: dict = {}
     try:
-        status, payload = queue.get(timeout=timeout)
-    finally:
         for proc in procs:
-            proc.join(timeout=30)
+            proc.start()
+        replies = _replies(queue, procs, timeout)
+    finally:
+        # after an error the other ranks may wait in a collective that never completes
+        failed = len(replies) < world_size or any(status != "ok" for status, _ in replies.values())
+        for proc in procs:
+            if proc.pid is None:  # never started
+                continue
+            proc.join(timeout=1 if failed else 30)
             if proc.is_alive():
                 proc.terminate()
-    if status != "ok":
-        raise RuntimeError(f"tensor-parallel worker failed: {payload[0]}\n{payload[1]}")
+        shutil.rmtree(rendezvous_dir, ignore_errors=True)
+    for rank, (status, payload) in sorted(replies.items()):
+        if status != "ok":
+            raise RuntimeError(f"tensor-parallel worker {rank} failed: {payload[0]}\n{payload[1]}")
     import torch
 
-    return torch.load(io.BytesIO(payload), weights_only=False)
+    return torch.load(io.BytesIO(replies[0][1]), weights_only=False)
 
 
 class TensorParallelLLM:
@@ -138,7 +182,7 @@ class TensorParallelLLM:
                 warn_prefix_caching_ignored(model_class, stacklevel=3)
                 kwargs = {**kwargs, "enable_prefix_caching": None}
         ctx = mp.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method, self._rendezvous_dir = _rendezvous()
         threads = _threads_per_worker(tp)
         self.tp = tp
         self._conns, self._procs = [], []
@@ -249,6 +293,9 @@ class TensorParallelLLM:
                 proc.terminate()
                 proc.join(timeout=10)
         self._conns, self._procs = [], []
+        if getattr(self, "_rendezvous_dir", None):
+            shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
+            self._rendezvous_dir = None
 
     def __enter__(self):
         return self
