@@ -296,9 +296,14 @@ int zm_attention(const float *q, const void *k_rows, const void *v_rows, int k_b
     const int64_t group = hq / hkv;
     int64_t max_q_rows = 0;
     for (int64_t s = 0; s < n_seq; s++) max_q_rows = q_len[s] * group > max_q_rows ? q_len[s] * group : max_q_rows;
-    const struct attention_call c = {q,       k_rows,    v_rows, k_bf16, v_bf16,     key_index,  block_table,
-                                     q_start, q_len,     kv_len, key_stride, block_size, num_blocks, hq,
-                                     hkv,     dqk,       dv,     group,  max_kv,     max_q_rows, scale, out};
+    /* (designated: 22 fields, several of one type, where a positional slip would still compile) */
+    const struct attention_call c = {
+        .q = q, .k_rows = k_rows, .v_rows = v_rows, .k_bf16 = k_bf16, .v_bf16 = v_bf16,
+        .key_index = key_index, .block_table = block_table, .q_start = q_start, .q_len = q_len,
+        .kv_len = kv_len, .key_stride = key_stride, .block_size = block_size, .num_blocks = num_blocks,
+        .hq = hq, .hkv = hkv, .dqk = dqk, .dv = dv, .group = group, .max_kv = max_kv,
+        .max_q_rows = max_q_rows, .scale = scale, .out = out,
+    };
     int failed = 0;
     if (zm_serial(n_threads, n_seq * hkv, 2)) {
         struct attention_scratch sc = scratch_new(&c);

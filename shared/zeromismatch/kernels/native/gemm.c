@@ -260,8 +260,11 @@ static int panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanel
     if (pieces < 1 || k % pieces != 0 || (is_bf16 && (k / pieces) % 2 != 0) ||
         (reduce && pieces > ZM_MAX_TREE_PIECES) || (out_bf16 && !reduce))
         return 1;
-    const struct gemm_call call = {x, wp, out, ldx, k, m, n, pieces, k / pieces, k * PANEL,
-                                   is_bf16, round_bf16, reduce, out_bf16, nan_bits};
+    const struct gemm_call call = {
+        .x = x, .wp = wp, .out = out, .ldx = ldx, .k = k, .m = m, .n = n, .pieces = pieces,
+        .kp = k / pieces, .ps = k * PANEL, .is_bf16 = is_bf16, .round_bf16 = round_bf16,
+        .reduce = reduce, .out_bf16 = out_bf16, .nan_bits = nan_bits,
+    };
     const int64_t nblocks = npanels / NV;
     if (zm_serial(threads, nblocks, 2)) {
         for (int64_t nb = 0; nb < nblocks; nb++) panel_block(&call, nb);

@@ -146,8 +146,11 @@ static int pair_of(PyObject *obj, PyObject *name, int call, int64_t *a, int64_t 
     int ok = PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 2;
     if (ok) {
         *a = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 0));
-        *b = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
-        if ((*a == -1 || *b == -1) && PyErr_Occurred()) ok = -1;
+        if (*a == -1 && PyErr_Occurred()) ok = -1;
+        else {
+            *b = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
+            if (*b == -1 && PyErr_Occurred()) ok = -1;
+        }
     }
     Py_DECREF(t);
     return ok;

@@ -131,8 +131,11 @@ int zm_ssm_scan(const float *x, const float *dt, const float *A, const float *B,
                 const float *D, const float *dt_bias, const int64_t *start, const int64_t *len,
                 const float *state_in, float *state_out, float *y, int64_t n_seq, int64_t heads,
                 int64_t head_dim, int64_t groups, int64_t n_state, float dt_lo, float dt_hi, int n_threads) {
-    const struct ssm_call c = {x,      dt,        A,     B,     C,        D,     dt_bias, state_in, start,
-                               len,    state_out, y,     heads, head_dim, groups, n_state, dt_lo,    dt_hi};
+    const struct ssm_call c = {
+        .x = x, .dt = dt, .A = A, .B = B, .C = C, .D = D, .dt_bias = dt_bias, .state_in = state_in,
+        .start = start, .len = len, .state_out = state_out, .y = y, .heads = heads,
+        .head_dim = head_dim, .groups = groups, .n_state = n_state, .dt_lo = dt_lo, .dt_hi = dt_hi,
+    };
     const size_t scratch = sizeof(float) * (n_state > 0 ? n_state : 1);
     if (zm_serial(n_threads, n_seq * heads, 2)) {
         float *d_b = malloc(scratch);
