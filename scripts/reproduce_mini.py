@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from zeromismatch.audit.benchmarks import PRESET_ROLLOUTS
+from zeromismatch.audit.benchmarks import PRESET_ROLLOUTS, breakdown_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,6 +55,20 @@ def main(argv: list[str] | None = None) -> int:
         steps += [
             ("benchmark rollout", ["benchmarks/rollout.py", "--out", str(b / "rollout.json"), *quiet]),
             *((name, ["benchmarks/rollout.py", *args_, *quiet]) for name, args_ in per_preset),
+            *(
+                (
+                    f"benchmark rollout breakdown {preset}",
+                    [
+                        "benchmarks/rollout_breakdown.py",
+                        "--model",
+                        preset,
+                        "--out",
+                        str(b / breakdown_file(preset)),
+                        *quiet,
+                    ],
+                )
+                for preset in ("tiny-qwen3", *PRESET_ROLLOUTS)
+            ),
             ("benchmark async", ["benchmarks/async.py", "--out", str(b / "async.json"), *quiet]),
             ("benchmark ops", ["benchmarks/ops.py", "--threads", "1", "--out", str(b / "ops.json"), *quiet]),
         ]

@@ -28,6 +28,9 @@ def _load(name: str):
         ("rollout", ["--new-tokens", "0"], "--new-tokens: must be >= 1"),
         ("rollout", ["--threads", "-2"], "--threads: must be >= 1"),
         ("rollout", ["--model", "nope"], "unknown --model 'nope'"),
+        ("rollout_breakdown", ["--repeats", "0"], "--repeats: must be >= 1"),
+        ("rollout_breakdown", ["--new-tokens", "0"], "--new-tokens: must be >= 1"),
+        ("rollout_breakdown", ["--model", "nope"], "unknown --model 'nope'"),
         ("async", ["--steps", "0"], "--steps: must be >= 1"),
         ("async", ["--lag", "-1"], "--lag: must be >= 1"),
         ("async", ["--repeats", "two"], "expected an integer"),
@@ -47,6 +50,7 @@ def test_bad_arguments_exit_two_before_any_work(name, args, message, capsys, mon
     assert err.count("error:") == 1
 
 
+SCRIPTS = ["ops", "rollout", "rollout_breakdown", "async", "gemm_portability", "vllm_peer"]
 HEAVY = ("dense_cases", "build_preset", "import_vllm", "probe_rows", "probe_tiles")
 
 
@@ -57,7 +61,7 @@ def _guard(module, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
 
 
-@pytest.mark.parametrize("name", ["ops", "rollout", "async", "gemm_portability", "vllm_peer"])
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_bad_out_is_one_error_before_any_work(name, tmp_path, capsys, monkeypatch):
     module = _load(name)
     _guard(module, monkeypatch)
@@ -115,7 +119,7 @@ def test_sequence_cases_bad_only_regex_is_one_error():
     assert out.returncode == 2 and "--only '['" in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("name", ["ops", "rollout", "async", "gemm_portability", "vllm_peer"])
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmarks_write_nothing_unless_given_out(name, monkeypatch):
     """Print-only by default (zm bench runs them): only an explicit --out writes a file."""
     import argparse

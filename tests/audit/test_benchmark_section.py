@@ -15,7 +15,8 @@ def test_no_benchmark_files_only_not_run_lines(tmp_path):
     # each absent file is a "not run" line (tests/audit/test_not_run_gaps.py), never a table
     lines = benchmark_lines(tmp_path)
     assert not any(line.startswith(("|", "###")) for line in lines)
-    assert sum(line.startswith("- not run:") for line in lines) == 4 + len(PRESET_ROLLOUTS)
+    # ops, rollout, async, vllm_peer, the other presets' rollouts, every preset's step breakdown
+    assert sum(line.startswith("- not run:") for line in lines) == 4 + 2 * len(PRESET_ROLLOUTS) + 1
 
 
 def test_ops_geomean_and_worst_come_from_the_cases(tmp_path):
@@ -134,3 +135,30 @@ def test_rollout_ratios_per_preset_table(tmp_path):
     assert "| tiny-qwen3 | `rollout.json` | 0.50 | 1.10 | - | - |" in text
     assert f"| {PRESET_ROLLOUTS[0]} | `rollout_{PRESET_ROLLOUTS[0]}.json` | 0.60 | - | - | - |" in text
     assert f"not run: `reproduced/benchmarks/rollout_{PRESET_ROLLOUTS[1]}.json`" in text
+
+
+def test_rollout_breakdown_table_reads_the_budget_and_the_c_time(tmp_path):
+    phases = {"schedule": 0.05, "build_batch": 0.08, "forward": 1.3, "logits": 0.07, "sampler": 0.19,
+              "bookkeeping": 0.12}  # fmt: skip
+    native = {**dict.fromkeys(phases, 0.0), "forward": 0.63, "logits": 0.04, "sampler": 0.01}
+    write_benchmark(
+        tmp_path,
+        "rollout_breakdown",
+        {
+            "ratio_engine_over_hf": 1.59,
+            "engine_ms_per_step": 1.809,
+            "budget_ms_per_step": 0.956,
+            "native_ms_per_step": 0.68,
+            "outside_native_ms_per_step": 1.13,
+            "phase_ms_per_step": phases,
+            "native_ms_per_step_by_phase": native,
+        },
+    )
+    text = "\n".join(benchmark_lines(tmp_path))
+    assert "| tiny-qwen3 | `rollout_breakdown.json` | 1.59 | 1.809 | 0.956 | 0.680 | 1.130 | 0.276 |" in text
+    assert "| tiny-qwen3 | 0.050 (0.000) | 0.080 (0.000) | 1.300 (0.630) | 0.070 (0.040) |" in text
+    assert f"not run: `reproduced/benchmarks/rollout_breakdown_{PRESET_ROLLOUTS[0]}.json`" in text
+    # a file without the budget is one error naming the file and the key
+    write_benchmark(tmp_path, "rollout_breakdown", {"ratio_engine_over_hf": 1.59})
+    with pytest.raises(AuditInputError, match="rollout_breakdown.json"):
+        benchmark_lines(tmp_path)

@@ -174,6 +174,40 @@ def test_whole_chunk_loops_give_the_generic_loops_bits(dtype):
     assert torch.equal(wide_decode.nan_to_num(), whole.nan_to_num())
 
 
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize(
+    "special", ["random", "zero-query", "equal-keys", "inf-key", "neg-inf-key", "nan-key"]
+)
+def test_key_blocks_give_the_one_key_loops_bits(dtype, special):
+    """The whole-chunk loops score keys 16 at a time (lanes_tree16, a vector maximum, zm_exp16); the
+    generic loops (reached by widening V past whole chunks) score one key at a time. Every query row
+    must get the same bits at block edges (15, 16, 17, 32, 33 keys) and where the maximum is a signed
+    zero (zero query), tied (equal keys), infinite or nan."""
+    gen = torch.Generator().manual_seed(11)
+    seqs = _make(gen, [15, 16, 17, 32, 33], 4, 2, 64, 64, DTYPES[dtype])
+    for q, k, _ in seqs:
+        if special == "zero-query":
+            q[5:] = 0.0
+            q[::3] = -0.0
+        elif special == "equal-keys":
+            k[:] = k[:1]
+        elif special == "inf-key":
+            k[min(14, k.shape[0] - 1), 0, 3] = float("inf")
+        elif special == "neg-inf-key":
+            k[min(9, k.shape[0] - 1), 1, :] = -float("inf")
+        elif special == "nan-key":
+            k[k.shape[0] - 1, 0, 7] = float("nan")
+    extra = [torch.randn(*v.shape[:2], 16, generator=gen).to(v.dtype) for _, _, v in seqs]
+    wide = [(q, k, torch.cat([v, e], -1)) for (q, k, v), e in zip(seqs, extra)]
+    for run in (_prefill, lambda kernels, s, scale: _paged_steps(kernels, s, *_paged(gen, s, 16), 1, scale)):
+        whole = run(NATIVE, seqs, 0.125)
+        generic = run(NATIVE, wide, 0.125)[..., :64]
+        assert torch.equal(whole.isnan(), generic.isnan())
+        assert torch.equal(whole.nan_to_num(), generic.nan_to_num())
+        if special == "random":
+            assert not whole.isnan().any()
+
+
 def test_native_and_pure_torch_aligned_bits_differ():
     """Two different fixed orders: engine and trainer must run the same set (the contrast)."""
     gen = torch.Generator().manual_seed(5)

@@ -213,6 +213,7 @@ def benchmark_lines(results_root: Path) -> list[str]:
         data.obj()
         lines += ["", *render(data, f"reproduced/benchmarks/{name}")]
     lines += _rollout_by_preset(bench_dir)
+    lines += _rollout_breakdowns(bench_dir)
     if absent:
         lines.append("")
         lines += [f"- not run: `reproduced/benchmarks/{name}` (run: `{COMMANDS[name]}`)" for name in absent]
@@ -261,6 +262,68 @@ def _rollout_by_preset(bench_dir: Path) -> list[str]:
         lines.append("")
     for preset, name in absent:
         command = f"python benchmarks/rollout.py --model {preset} {_OUT}/{name}"
+        lines.append(f"- not run: `reproduced/benchmarks/{name}` (run: `{command}`)")
+    return lines
+
+
+#: the step phases ``benchmarks/rollout_breakdown.py`` times, in the order of an engine step
+BREAKDOWN_PHASES = ("schedule", "build_batch", "forward", "logits", "sampler", "bookkeeping")
+
+
+def breakdown_file(preset: str) -> str:
+    """The file ``benchmarks/rollout_breakdown.py`` writes for ``preset`` (in ``make bench``)."""
+    return "rollout_breakdown.json" if preset == "tiny-qwen3" else f"rollout_breakdown_{preset}.json"
+
+
+def _rollout_breakdowns(bench_dir: Path) -> list[str]:
+    """Per preset with a ``rollout_breakdown*.json``: the aligned-native engine's time per step, the
+    step time 3x HF ``generate`` allows, and how much of the step runs inside the native C kernels;
+    then each phase's time (its C part in brackets). A "not run" line per absent file."""
+    rows, phase_rows, absent = [], [], []
+    for preset in ("tiny-qwen3", *PRESET_ROLLOUTS):
+        name = breakdown_file(preset)
+        path = bench_dir / name
+        if not path.is_file():
+            absent.append((preset, name))
+            continue
+        data = Node.load(path, "benchmark file")
+        step, budget = data["engine_ms_per_step"].positive(), data["budget_ms_per_step"].positive()
+        in_c, outside = data["native_ms_per_step"].number(), data["outside_native_ms_per_step"].number()
+        rows.append(
+            f"| {preset} | `{name}` | {data['ratio_engine_over_hf'].positive():.2f} | {step:.3f} | "
+            f"{budget:.3f} | {in_c:.3f} | {outside:.3f} | {budget - in_c:.3f} |"
+        )
+        phases, native = data["phase_ms_per_step"], data["native_ms_per_step_by_phase"]
+        cells = [f"{phases[p].number():.3f} ({native[p].number():.3f})" for p in BREAKDOWN_PHASES]
+        phase_rows.append(f"| {preset} | " + " | ".join(cells) + " |")
+    lines: list[str] = []
+    if rows:
+        target = ROLLOUT_TARGETS["engine_over_hf"]
+        lines += [
+            "",
+            f"### Rollout engine step time against the {target}× HF budget (aligned-native)",
+            "",
+            "Milliseconds per engine step, medians over repeats (`benchmarks/rollout_breakdown.py`, the "
+            f"rollout benchmark's workload): the step now, the step time at which the engine would run at "
+            f"{target}× HF `generate`'s tokens/s measured in the same run, the time inside the native C "
+            "kernels (timed call by call, instrumented runs), the time outside them (Python, torch ops), "
+            "and what the budget leaves for the time outside C.",
+            "",
+            f"| preset | file | engine ÷ HF | ms/step | {target}× HF budget | in C | outside C "
+            "| budget left outside C |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            "Each phase of a step, ms (inside C in brackets):",
+            "",
+            "| preset | " + " | ".join(BREAKDOWN_PHASES) + " |",
+            "|---|" + "---:|" * len(BREAKDOWN_PHASES),
+            *phase_rows,
+        ]
+    if absent:
+        lines.append("")
+    for preset, name in absent:
+        command = f"python benchmarks/rollout_breakdown.py --model {preset} {_OUT}/{name}"
         lines.append(f"- not run: `reproduced/benchmarks/{name}` (run: `{command}`)")
     return lines
 

@@ -1,7 +1,8 @@
-"""``zm bench ops|rollout|async``: run a ratio benchmark from the repository's benchmarks/.
+"""``zm bench ops|rollout|rollout_breakdown|async``: run a benchmark from the repository's benchmarks/.
 
 Each benchmark measures aligned and baseline side by side in one run and prints medians and
-their ratio; extra arguments are passed through (``zm bench rollout -- --repeats 3``). Nothing is
+their ratio (``rollout_breakdown``: where an engine step's time goes, against the 3x-HF budget);
+extra arguments are passed through (``zm bench rollout -- --repeats 3``). Nothing is
 written unless ``--out`` is passed through (``zm bench ops -- --out /tmp/ops.json``); ``make bench``
 writes the committed ``results/reproduced/benchmarks/*.json``.
 """
@@ -12,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("ops", "rollout", "async")
+BENCHMARKS = ("ops", "rollout", "rollout_breakdown", "async")
 
 
 def _root() -> Path:

@@ -108,14 +108,13 @@ static void attend_row(const float *qv, const void *k_rows, const void *v_rows, 
  * logic taken out of the key loops (the generic loops spilled them to the stack every key: about
  * a third of a decode step's attention time). bf16 widens exactly, as bf16_to_f32 does. */
 typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
-/* keys between a K row's prefetch and its use. Inside an engine step this layer's K/V has usually
- * left the cache (the step's other layers and the rest of the step evict it), and a paged
- * sequence's rows sit in blocks scattered over the cache, where the hardware prefetcher loses the
- * stride at each block edge. Measured in-engine (tiny-qwen3 decode, interleaved A/B runs):
- * 245 us per call without, 222 at 8, 223 at 16. Only an item's first query row prefetches (its
- * later rows find the keys in cache; prefetching for them cost a cache-warm prefill ~10 %). No
- * bits change: prefetches only move data. */
-#define ZM_AHEAD 8
+/* Prefetching: inside an engine step this layer's K/V has usually left the cache (the step's other
+ * layers and the rest of the step evict it), and a paged sequence's rows sit in blocks scattered
+ * over the cache, where the hardware prefetcher loses the stride at each block edge. The first
+ * query row of an item prefetches the next 16-key block's K rows and the current block's V rows
+ * (its later rows find the keys in cache; prefetching for them cost a cache-warm prefill ~10 %).
+ * Measured in-engine with one key at a time (tiny-qwen3 decode, interleaved A/B runs): 245 us per
+ * call without, 222 at 8 keys ahead, 223 at 16. No bits change: prefetches only move data. */
 /* query rows an item needs before its bf16 K/V rows are widened to fp32 once (a decode item has
  * Hq/Hkv rows, which would not repay the copy) */
 #define WIDEN_MIN_ROWS 16
@@ -132,27 +131,84 @@ static inline __attribute__((always_inline)) v16 load16(const char *row, int bf1
     return x;
 }
 
+/* the lanes_tree of 16 vectors at once: lane t of the result is lanes_tree(a[t]), by the same
+ * additions (each level adds the same pairs lanes_tree adds, for 16, 8, 4, then 2 vectors' worth of
+ * lanes in one register), so the same bits; a key block's 16 scores cost 15 vector additions
+ * instead of 16 horizontal trees */
+static inline __attribute__((always_inline)) v16 lanes_tree16(const v16 a[16]) {
+    v16 x[8], y[4], z[2];
+    for (int t = 0; t < 8; t++) /* x[t]: lanes_tree's a8 of key 2t (lanes 0-7) and 2t+1 (8-15) */
+        x[t] = __builtin_shufflevector(a[2 * t], a[2 * t + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
+                                       22, 23) +
+               __builtin_shufflevector(a[2 * t], a[2 * t + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28,
+                                       29, 30, 31);
+    for (int u = 0; u < 4; u++) /* y[u]: a4 of keys 4u .. 4u+3, four lanes each */
+        y[u] = __builtin_shufflevector(x[2 * u], x[2 * u + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
+                                       26, 27) +
+               __builtin_shufflevector(x[2 * u], x[2 * u + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
+                                       30, 31);
+    for (int w = 0; w < 2; w++) /* z[w]: (a0, a1) = (a4[0] + a4[2], a4[1] + a4[3]) of keys 8w .. 8w+7 */
+        z[w] = __builtin_shufflevector(y[2 * w], y[2 * w + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25,
+                                       28, 29) +
+               __builtin_shufflevector(y[2 * w], y[2 * w + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27,
+                                       30, 31);
+    return __builtin_shufflevector(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+static inline __attribute__((always_inline)) void prefetch_row(const char *row, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+}
+
+/* attend_row's arithmetic, keys taken 16 at a time: each key's 16 lane sums are accumulated as
+ * attend_row accumulates them (ascending chunks from +0), the 16 trees summed at once
+ * (lanes_tree16), the scores scaled, their exponentials taken 16 lanes at a time (zm_exp16, lane
+ * for lane zm_exp's bits; its argument score - m is <= 0 or nan here). The running maximum is
+ * order-free: it is the exact maximum, or nan when any score is nan -- attend_row's rule, which
+ * can differ only in the sign of a zero maximum, and exp(score - (+-0)) is the same for every score. The
+ * sum l and P @ V keep attend_row's ascending serial order. Keys past the last whole block take
+ * attend_row's one-key path. */
 static inline __attribute__((always_inline)) void attend_row_whole(
     const float *qv, const char *kb, const char *vb, const int k_bf16, const int v_bf16, const int64_t *keys,
     int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off, int64_t v_off, int64_t dqk, int64_t dv,
     float scale, const int prefetch, float *scores, float *o) {
-    const int64_t k_size = k_bf16 ? 2 : 4, v_size = v_bf16 ? 2 : 4;
-    float m = -INFINITY;
-    for (int64_t j = 0; prefetch && j < ZM_AHEAD && j <= pos; j++) {
-        const char *row = kb + (keys[j] * k_stride + k_off) * k_size;
-        for (int64_t b = 0; b < dqk * k_size; b += 64) __builtin_prefetch(row + b);
-    }
-    for (int64_t j = 0; j <= pos; j++) {
-        const char *row = kb + (keys[j] * k_stride + k_off) * k_size;
+    const int64_t k_size = k_bf16 ? 2 : 4, v_size = v_bf16 ? 2 : 4, n_keys = pos + 1;
+    const int64_t k_bytes = dqk * k_size, v_bytes = dv * v_size;
+    for (int64_t j = 0; prefetch && j < LANES && j < n_keys; j++)
+        prefetch_row(kb + (keys[j] * k_stride + k_off) * k_size, k_bytes);
+    v16 m16 = (v16){0} - INFINITY;
+    vi16 nan_seen = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n_keys; j += LANES) {
+        const char *rows[LANES];
+        for (int t = 0; t < LANES; t++) rows[t] = kb + (keys[j + t] * k_stride + k_off) * k_size;
         if (prefetch) {
-            if (j + ZM_AHEAD <= pos) {
-                const char *ahead = kb + (keys[j + ZM_AHEAD] * k_stride + k_off) * k_size;
-                for (int64_t b = 0; b < dqk * k_size; b += 64) __builtin_prefetch(ahead + b);
-            }
-            /* this key's V row, read by the P @ V loop below */
-            const char *v_row = vb + (keys[j] * v_stride + v_off) * v_size;
-            for (int64_t b = 0; b < dv * v_size; b += 64) __builtin_prefetch(v_row + b);
+            for (int t = 0; t < LANES && j + LANES + t < n_keys; t++)
+                prefetch_row(kb + (keys[j + LANES + t] * k_stride + k_off) * k_size, k_bytes);
+            for (int t = 0; t < LANES; t++) prefetch_row(vb + (keys[j + t] * v_stride + v_off) * v_size, v_bytes);
         }
+        v16 acc[LANES];
+        for (int t = 0; t < LANES; t++) acc[t] = (v16){0};
+        for (int64_t d = 0; d < dqk; d += LANES) {
+            v16 q16;
+            memcpy(&q16, qv + d, sizeof q16);
+#pragma GCC unroll 16
+            for (int t = 0; t < LANES; t++) acc[t] = acc[t] + q16 * load16(rows[t], k_bf16, d);
+        }
+        const v16 sc = lanes_tree16(acc) * scale;
+        memcpy(scores + j, &sc, sizeof sc);
+        nan_seen |= sc != sc;
+        const vi16 larger = sc > m16;
+        m16 = (v16)(((vi16)sc & larger) | ((vi16)m16 & ~larger));
+    }
+    float m = -INFINITY;
+    for (int t = 0; t < LANES; t++) m = m16[t] > m ? m16[t] : m;
+    for (int t = 0; t < LANES; t++)
+        if (nan_seen[t]) m = NAN;
+    const int64_t whole = j;
+    for (; j < n_keys; j++) {
+        const char *row = kb + (keys[j] * k_stride + k_off) * k_size;
+        if (prefetch) prefetch_row(vb + (keys[j] * v_stride + v_off) * v_size, v_bytes);
         v16 acc = {0};
         for (int64_t d = 0; d < dqk; d += LANES) {
             v16 q16;
@@ -163,13 +219,20 @@ static inline __attribute__((always_inline)) void attend_row_whole(
         scores[j] = sc;
         m = (sc > m || sc != sc) ? sc : m;
     }
-    for (int64_t j = 0; j <= pos; j++) scores[j] = zm_exp(scores[j] - m);
+    const v16 m_vec = (v16){0} + m;
+    for (j = 0; j < whole; j += LANES) {
+        v16 sc;
+        memcpy(&sc, scores + j, sizeof sc);
+        sc = zm_exp16(sc - m_vec);
+        memcpy(scores + j, &sc, sizeof sc);
+    }
+    for (; j < n_keys; j++) scores[j] = zm_exp(scores[j] - m);
     float l = 0.0f;
-    for (int64_t j = 0; j <= pos; j++) l = l + scores[j];
+    for (j = 0; j < n_keys; j++) l = l + scores[j];
     const v16 l_vec = (v16){0} + l;
     for (int64_t d0 = 0; d0 < dv; d0 += 4 * LANES) {
         v16 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
-        for (int64_t j = 0; j <= pos; j++) {
+        for (j = 0; j < n_keys; j++) {
             const v16 p = (v16){0} + scores[j];
             const char *row = vb + (keys[j] * v_stride + v_off) * v_size;
             acc0 = acc0 + p * load16(row, v_bf16, d0);

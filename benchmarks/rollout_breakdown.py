@@ -1,0 +1,264 @@
+"""Where an engine step's time goes, against the per-step budget of issue 5's 3x-HF target.
+
+``benchmarks/rollout.py`` measures the ratio; this script explains it. One run, on the rollout
+benchmark's workload (the same prompts, weights and sampling; aligned-native kernels), times:
+- ``hf-generate`` and ``engine`` (uninstrumented), in rotating order, ``--repeats`` times each: the
+  ratio and the budget, ``budget_ms_per_step`` = the engine's wall time per step at 3x HF's
+  median tokens/s;
+- ``engine-instrumented`` (as many times): the same generate with a timer around each phase of
+  ``LLM._step`` -- ``schedule`` (scheduler), ``build_batch`` (the packed ForwardBatch), ``forward``
+  (the model), ``logits`` (the sampled rows' lm_head), ``sampler`` -- the rest being ``bookkeeping``
+  (per-request token lists, stop checks, output objects), and a timer around every call into the
+  native C library, charged to the phase it ran in. A phase's time minus its C time is Python and
+  torch-op time (views, copies, residual adds, the sampler's torch ops, argument checks).
+
+The timers cost about 0.3 us a call; ``instrumentation_overhead`` (instrumented ÷ plain median)
+says by how much they inflate the phases. Medians over repeats; each phase per engine step.
+
+The question it answers: if every Python and torch-op cost outside the C kernels were removed,
+would the engine meet 3x HF? ``native_ms_per_step`` against ``budget_ms_per_step`` says.
+
+Usage: ``python benchmarks/rollout_breakdown.py [--model tiny-qwen3] [--dtype fp32] [--repeats 5]
+[--threads 1] [--quiet] [--out results/reproduced/benchmarks/rollout_breakdown.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollout import DTYPES, build_hf_model, make_prompts, time_hf  # noqa: E402
+
+from zeromismatch._provenance import provenance  # noqa: E402
+from zeromismatch.argtypes import check_out_or_exit, int_at_least  # noqa: E402
+from zeromismatch.engine import LLM, SamplingParams  # noqa: E402
+from zeromismatch.engine.llm import build_preset  # noqa: E402
+from zeromismatch.io import atomic_write_json  # noqa: E402
+from zeromismatch.kernels.native import _build  # noqa: E402
+from zeromismatch.kernels.native import unavailable_reason as native_unavailable_reason  # noqa: E402
+
+PHASES = ("schedule", "build_batch", "forward", "logits", "sampler")
+TARGET_OVER_HF = 3.0
+
+
+class _Timers:
+    """Wall seconds per phase and, within each phase, in native C calls (and their count)."""
+
+    def __init__(self) -> None:
+        self.phase = Counter()
+        self.native = Counter()
+        self.native_calls = Counter()
+        self.current = "bookkeeping"
+
+
+@contextlib.contextmanager
+def _instrumented(llm: LLM, timers: _Timers):
+    """Timers around ``llm``'s step phases and every native library entry point, removed on exit."""
+    patched: list[tuple[object, str, bool, object]] = []
+
+    def wrap_phase(owner, name: str, phase: str) -> None:
+        inner = getattr(owner, name)
+        # (owner, name, whether the instance held the attribute itself, what it held)
+        patched.append((owner, name, name in vars(owner), vars(owner).get(name)))
+
+        def timed(*args, **kwargs):
+            outer, timers.current = timers.current, phase
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                timers.phase[phase] += time.perf_counter() - start
+                timers.current = outer
+
+        setattr(owner, name, timed)
+
+    library = _build.library()
+    names = [n for n in _build.ENTRY_POINTS if hasattr(library, n)]
+    names += ["silu_mul_tensors"] if library.silu_mul_tensors is not None else []
+    originals = {n: getattr(library, n) for n in names}
+
+    def wrap_native(name: str):
+        inner = originals[name]
+
+        def timed(*args):
+            start = time.perf_counter()
+            try:
+                return inner(*args)
+            finally:
+                timers.native[timers.current] += time.perf_counter() - start
+                timers.native_calls[timers.current] += 1
+
+        return timed
+
+    try:
+        wrap_phase(llm.scheduler, "schedule", "schedule")
+        wrap_phase(llm.runner, "build_batch", "build_batch")
+        wrap_phase(llm.runner.model, "forward", "forward")
+        wrap_phase(llm.runner, "compute_logits", "logits")
+        wrap_phase(llm.runner, "sampler", "sampler")  # an instance attribute: the Sampler object
+        for name in names:
+            setattr(library, name, wrap_native(name))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(library, name, fn)
+        for owner, name, held, value in reversed(patched):
+            if held:
+                setattr(owner, name, value)
+            else:
+                delattr(owner, name)  # the instance attribute shadowing the class's method
+
+
+def _engine(model, prompts):
+    return LLM(
+        model,
+        "aligned-native",
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=max(2048, sum(map(len, prompts))),
+        enable_prefix_caching=False,
+        block_size=16,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-qwen3")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--batch", type=int_at_least(1), default=32)
+    parser.add_argument("--prompt-len", type=int_at_least(1), default=16)
+    parser.add_argument("--new-tokens", type=int_at_least(1), default=128)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int_at_least(1), default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int_at_least(1), default=1)
+    parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
+    parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")
+    args = parser.parse_args(argv)
+    check_out_or_exit(parser, args.out)
+    from zeromismatch.models.presets import PRESETS
+
+    if args.model not in PRESETS:
+        parser.error(f"unknown --model {args.model!r}; choose from {sorted(PRESETS)}")
+    reason = native_unavailable_reason()
+    if reason is not None:
+        print(f"rollout_breakdown.py: needs the aligned-native kernels: {reason}", file=sys.stderr)
+        return 2
+
+    torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    model = build_preset(args.model, "aligned", dtype, args.seed)
+    prompts = make_prompts(args.batch, args.prompt_len, int(model.config.vocab_size), args.seed)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.new_tokens, seed=1)
+    hf = build_hf_model(model, dtype)
+    _engine(model, prompts[:2]).generate(prompts[:2], SamplingParams(max_tokens=2, seed=1))  # warm-up
+
+    def run_engine(instrument: bool) -> dict:
+        llm = _engine(model, prompts)
+        timers = _Timers()
+        with _instrumented(llm, timers) if instrument else contextlib.nullcontext():
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params)
+            seconds = time.perf_counter() - start
+        tokens = sum(len(o.token_ids) for o in outputs)
+        run = {"seconds": seconds, "tokens": tokens, "steps": llm.num_steps}
+        if instrument:
+            run["phase_seconds"] = dict(timers.phase)
+            run["native_seconds"] = dict(timers.native)
+            run["native_calls"] = dict(timers.native_calls)
+        return run
+
+    systems = {
+        "hf-generate": lambda: dict(
+            zip(("seconds", "tokens"), time_hf(hf, prompts, args.new_tokens, args.temperature)[:2])
+        ),
+        "engine": lambda: run_engine(False),
+        "engine-instrumented": lambda: run_engine(True),
+    }
+    runs: dict[str, list[dict]] = {name: [] for name in systems}
+    names = list(systems)
+    for rep in range(args.repeats):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            run = systems[name]()
+            runs[name].append(run)
+            if not args.quiet:
+                print(f"rep {rep} {name:20s} {run['tokens']} tokens in {run['seconds']:.3f} s")
+
+    def median_rate(name: str) -> float:
+        return statistics.median(r["tokens"] / r["seconds"] for r in runs[name])
+
+    instrumented = runs["engine-instrumented"]
+    steps = statistics.median(r["steps"] for r in instrumented)
+
+    def per_step_ms(values: list[float]) -> float:
+        return 1e3 * statistics.median(values) / steps
+
+    phase_ms, native_ms, calls = {}, {}, {}
+    for phase in (*PHASES, "bookkeeping"):
+        if phase == "bookkeeping":
+            totals = [r["seconds"] - sum(r["phase_seconds"].values()) for r in instrumented]
+        else:
+            totals = [r["phase_seconds"].get(phase, 0.0) for r in instrumented]
+        phase_ms[phase] = per_step_ms(totals)
+        native_ms[phase] = per_step_ms([r["native_seconds"].get(phase, 0.0) for r in instrumented])
+        calls[phase] = statistics.median(r["native_calls"].get(phase, 0) for r in instrumented) / steps
+    hf_rate, engine_rate = median_rate("hf-generate"), median_rate("engine")
+    engine_step_ms = 1e3 * statistics.median(r["seconds"] for r in runs["engine"]) / steps
+    tokens = statistics.median(r["tokens"] for r in runs["engine"])
+    budget_ms = 1e3 * tokens / (TARGET_OVER_HF * hf_rate) / steps
+    native_total = sum(native_ms.values())
+    result = {
+        "benchmark": "rollout_breakdown",
+        "config": vars(args),
+        "kernels": "aligned-native",
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_end": list(os.getloadavg()),
+        "runs": runs,
+        "steps": steps,
+        "median_tokens_per_s": {"hf-generate": hf_rate, "engine": engine_rate},
+        "ratio_engine_over_hf": engine_rate / hf_rate,
+        "target_engine_over_hf": TARGET_OVER_HF,
+        "engine_ms_per_step": engine_step_ms,
+        "budget_ms_per_step": budget_ms,
+        "instrumentation_overhead": statistics.median(r["seconds"] for r in instrumented)
+        / statistics.median(r["seconds"] for r in runs["engine"]),
+        "phase_ms_per_step": phase_ms,
+        "native_ms_per_step_by_phase": native_ms,
+        "native_calls_per_step_by_phase": calls,
+        "native_ms_per_step": native_total,
+        "outside_native_ms_per_step": sum(phase_ms.values()) - native_total,
+        "outside_native_budget_ms_per_step": budget_ms - native_total,
+        "provenance": provenance(config=vars(args)),
+    }
+    if args.out:
+        atomic_write_json(Path(args.out), result)
+    print(
+        f"{args.model} {args.dtype}: engine {engine_rate:.0f} tok/s = {engine_rate / hf_rate:.2f}x HF "
+        f"({hf_rate:.0f} tok/s); {engine_step_ms:.3f} ms/step, budget for {TARGET_OVER_HF:g}x HF "
+        f"{budget_ms:.3f} ms/step"
+    )
+    print(f"{'phase':12s} {'ms/step':>8s} {'in C':>8s} {'outside C':>10s} {'C calls':>8s}")
+    for phase in (*PHASES, "bookkeeping"):
+        print(
+            f"{phase:12s} {phase_ms[phase]:8.3f} {native_ms[phase]:8.3f} "
+            f"{phase_ms[phase] - native_ms[phase]:10.3f} {calls[phase]:8.1f}"
+        )
+    print(
+        f"native C {native_total:.3f} ms/step of the {budget_ms:.3f} budget leaves "
+        f"{budget_ms - native_total:.3f} ms/step for everything outside C "
+        f"(now {result['outside_native_ms_per_step']:.3f}, instrumented "
+        f"x{result['instrumentation_overhead']:.2f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
