@@ -155,7 +155,10 @@ def test_rollout_breakdown_table_reads_the_budget_and_the_c_time(tmp_path):
         },
     )
     text = "\n".join(benchmark_lines(tmp_path))
-    assert "| tiny-qwen3 | `rollout_breakdown.json` | 1.59 | 1.809 | 0.956 | 0.680 | 1.130 | 0.276 |" in text
+    # forward outside C: 1.3 - 0.63; left for it: 0.956 - 0.68 - (1.13 - 0.67)
+    row = "| tiny-qwen3 | `rollout_breakdown.json` | 1.59 | 1.809 | 0.956 | 0.680 | 1.130 | 0.276 | 0.670 "
+    row += "| -0.184 |"
+    assert row in text
     assert "| tiny-qwen3 | 0.050 (0.000) | 0.080 (0.000) | 1.300 (0.630) | 0.070 (0.040) |" in text
     assert f"not run: `reproduced/benchmarks/rollout_breakdown_{PRESET_ROLLOUTS[0]}.json`" in text
     # a file without the budget is one error naming the file and the key
