@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from zeromismatch._provenance import provenance
-from zeromismatch.argtypes import check_out_or_exit, int_at_least
+from zeromismatch.argtypes import check_out_or_exit, float_at_least, int_at_least
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
 from zeromismatch.io import atomic_write_json
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int_at_least(1), default=32)
     parser.add_argument("--prompt-len", type=int_at_least(1), default=16)
     parser.add_argument("--new-tokens", type=int_at_least(1), default=128)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float_at_least(0.0), default=1.0)
     parser.add_argument("--repeats", type=int_at_least(1), default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

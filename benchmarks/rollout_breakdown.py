@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout import DTYPES, build_hf_model, make_prompts, time_hf  # noqa: E402
 
 from zeromismatch._provenance import provenance  # noqa: E402
-from zeromismatch.argtypes import check_out_or_exit, int_at_least  # noqa: E402
+from zeromismatch.argtypes import check_out_or_exit, float_at_least, int_at_least  # noqa: E402
 from zeromismatch.engine import LLM, SamplingParams  # noqa: E402
 from zeromismatch.engine.llm import build_preset  # noqa: E402
 from zeromismatch.io import atomic_write_json  # noqa: E402
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int_at_least(1), default=32)
     parser.add_argument("--prompt-len", type=int_at_least(1), default=16)
     parser.add_argument("--new-tokens", type=int_at_least(1), default=128)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float_at_least(0.0), default=1.0)
     parser.add_argument("--repeats", type=int_at_least(1), default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int_at_least(1), default=1)

@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("batch", "prompt_len", "new_tokens", "repeats", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.temperature <= 0:
-        parser.error(f"--temperature must be > 0 (sampling), got {args.temperature}")
+    if not 0 < args.temperature < float("inf"):  # (nan and inf too)
+        parser.error(f"--temperature must be a finite number > 0 (sampling), got {args.temperature}")
     check_out_or_exit(parser, args.out)  # before any measuring
 
     vllm = import_vllm(args.quiet)

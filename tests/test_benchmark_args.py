@@ -31,6 +31,8 @@ def _load(name: str):
         ("rollout_breakdown", ["--repeats", "0"], "--repeats: must be >= 1"),
         ("rollout_breakdown", ["--new-tokens", "0"], "--new-tokens: must be >= 1"),
         ("rollout_breakdown", ["--model", "nope"], "unknown --model 'nope'"),
+        ("rollout", ["--temperature", "-1"], "--temperature: must be a finite number >= 0.0"),
+        ("rollout_breakdown", ["--temperature", "nan"], "--temperature: must be a finite number >= 0.0"),
         ("async", ["--steps", "0"], "--steps: must be >= 1"),
         ("async", ["--lag", "-1"], "--lag: must be >= 1"),
         ("async", ["--repeats", "two"], "expected an integer"),

@@ -4,6 +4,7 @@ with one message before any work is done."""
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def int_at_least_or_none(minimum: int):
@@ -26,6 +27,21 @@ def int_at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def float_at_least(minimum: float):
+    """argparse type: a finite float >= ``minimum``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum}, got {text}")
         return value
 
     return parse

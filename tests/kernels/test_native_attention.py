@@ -147,6 +147,14 @@ def test_O0_build_gives_the_same_bits(monkeypatch, dqk, dv):
         scalar = _prefill(NATIVE, seqs, 0.1)
         monkeypatch.undo()
         assert torch.equal(vectorized, scalar)
+        # nan scores too, byte for byte (0 * inf: the negative default nan, in a key block)
+        for q, k, _ in seqs:
+            _plant(q, k, "zero-times-inf")
+        vectorized = _prefill(NATIVE, seqs, 0.1)
+        monkeypatch.setattr(_build, "build_flags", ("-O0",))
+        scalar = _prefill(NATIVE, seqs, 0.1)
+        monkeypatch.undo()
+        assert vectorized.isnan().any() and torch.equal(_bytes(vectorized), _bytes(scalar))
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
@@ -174,38 +182,54 @@ def test_whole_chunk_loops_give_the_generic_loops_bits(dtype):
     assert torch.equal(wide_decode.nan_to_num(), whole.nan_to_num())
 
 
+SPECIAL_SCORES = ["random", "zero-scores", "equal-keys", "inf-key", "neg-inf-score", "all-neg-inf", "nan-key",
+                  "zero-times-inf"]  # fmt: skip
+
+
+def _plant(q, k, special):
+    """Scores of one kind in every sequence (q and k changed in place)."""
+    last = k.shape[0] - 1
+    if special == "zero-scores":  # ties at the maximum, +0
+        q[5:] = 0.0
+    elif special == "equal-keys":
+        k[:] = k[:1]
+    elif special == "inf-key":  # an infinite maximum: inf - inf makes the row nan
+        q[..., 3] = 1.0
+        k[min(14, last), 0, 3] = float("inf")
+    elif special in ("neg-inf-score", "all-neg-inf"):  # -inf scores under a finite maximum, or only those
+        q[..., 3] = 1.0
+        k[(slice(None) if special == "all-neg-inf" else min(9, last)), :, 3] = -float("inf")
+    elif special == "nan-key":
+        k[last, 0, 7] = float("nan")
+    elif special == "zero-times-inf":  # the x86 default nan (negative) as a score, in a block and in the tail
+        q[..., 5] = 0.0
+        k[min(3, last), 1, 5] = float("inf")
+        k[last, 0, 5] = -float("inf")
+
+
+def _bytes(t):
+    return t.contiguous().view(torch.uint8)
+
+
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize(
-    "special", ["random", "zero-query", "equal-keys", "inf-key", "neg-inf-key", "nan-key"]
-)
+@pytest.mark.parametrize("special", SPECIAL_SCORES)
 def test_key_blocks_give_the_one_key_loops_bits(dtype, special):
     """The whole-chunk loops score keys 16 at a time (lanes_tree16, a vector maximum, zm_exp16); the
     generic loops (reached by widening V past whole chunks) score one key at a time. Every query row
-    must get the same bits at block edges (15, 16, 17, 32, 33 keys) and where the maximum is a signed
-    zero (zero query), tied (equal keys), infinite or nan."""
+    must get the same bytes -- a nan's sign and payload included -- at block edges (15, 16, 17, 32, 33
+    keys) and where the maximum is tied, infinite, -inf throughout, or a nan (the last nan score is
+    attend_row's maximum; 0 * inf gives the negative default nan)."""
     gen = torch.Generator().manual_seed(11)
     seqs = _make(gen, [15, 16, 17, 32, 33], 4, 2, 64, 64, DTYPES[dtype])
     for q, k, _ in seqs:
-        if special == "zero-query":
-            q[5:] = 0.0
-            q[::3] = -0.0
-        elif special == "equal-keys":
-            k[:] = k[:1]
-        elif special == "inf-key":
-            k[min(14, k.shape[0] - 1), 0, 3] = float("inf")
-        elif special == "neg-inf-key":
-            k[min(9, k.shape[0] - 1), 1, :] = -float("inf")
-        elif special == "nan-key":
-            k[k.shape[0] - 1, 0, 7] = float("nan")
+        _plant(q, k, special)
     extra = [torch.randn(*v.shape[:2], 16, generator=gen).to(v.dtype) for _, _, v in seqs]
     wide = [(q, k, torch.cat([v, e], -1)) for (q, k, v), e in zip(seqs, extra)]
     for run in (_prefill, lambda kernels, s, scale: _paged_steps(kernels, s, *_paged(gen, s, 16), 1, scale)):
         whole = run(NATIVE, seqs, 0.125)
         generic = run(NATIVE, wide, 0.125)[..., :64]
-        assert torch.equal(whole.isnan(), generic.isnan())
-        assert torch.equal(whole.nan_to_num(), generic.nan_to_num())
-        if special == "random":
-            assert not whole.isnan().any()
+        assert torch.equal(_bytes(whole), _bytes(generic))
+        assert whole.isnan().any() == (special in ("inf-key", "all-neg-inf", "nan-key", "zero-times-inf"))
 
 
 def test_native_and_pure_torch_aligned_bits_differ():

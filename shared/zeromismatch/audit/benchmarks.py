@@ -309,9 +309,11 @@ def _rollout_breakdowns(bench_dir: Path) -> list[str]:
             f"### Rollout engine step time against the {target}× HF budget (aligned-native)",
             "",
             "Milliseconds per engine step, medians over repeats (`benchmarks/rollout_breakdown.py`, the "
-            f"rollout benchmark's workload): the step now, the step time at which the engine would run at "
-            f"{target}× HF `generate`'s tokens/s measured in the same run, the time inside the native C "
-            "kernels (timed call by call, instrumented runs), the time outside them (Python, torch ops), "
+            "rollout benchmark's workload): the step now (plain runs), the step time at which the engine "
+            f"would run at {target}× HF `generate`'s tokens/s measured in the same run (HF's tokens/s moves "
+            "by ~25 % between runs here, and the budget with it), the time inside the native C kernels "
+            "(timed call by call in instrumented runs, whose steps are a few % longer than the plain "
+            "ones), the time outside them (Python, torch ops), "
             "and what the budget leaves for the time outside C; then the forward's own time outside C "
             "(the model code's Python and torch ops) and what the budget leaves it once the C kernels and "
             "every other phase have taken theirs (negative: a forward with no time outside C would still "

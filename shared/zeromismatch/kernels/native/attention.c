@@ -164,9 +164,9 @@ static inline __attribute__((always_inline)) void prefetch_row(const char *row, 
  * attend_row accumulates them (ascending chunks from +0), the 16 trees summed at once
  * (lanes_tree16), the scores scaled, their exponentials taken 16 lanes at a time (zm_exp16, lane
  * for lane zm_exp's bits; its argument score - m is <= 0 or nan here). The running maximum is
- * order-free: it is the exact maximum, or nan when any score is nan -- attend_row's rule, which
- * can differ only in the sign of a zero maximum, and exp(score - (+-0)) is the same for every score. The
- * sum l and P @ V keep attend_row's ascending serial order. Keys past the last whole block take
+ * order-free: the exact maximum (it could differ from attend_row's only in the sign of a zero
+ * maximum, and exp(score - (+-0)) is the same for every score; nor can a score be -0: the lane sums
+ * start at +0), or, once a score is nan, attend_row's: the last nan score. The sum l and P @ V keep attend_row's ascending serial order. Keys past the last whole block take
  * attend_row's one-key path. */
 static inline __attribute__((always_inline)) void attend_row_whole(
     const float *qv, const char *kb, const char *vb, const int k_bf16, const int v_bf16, const int64_t *keys,
@@ -203,9 +203,13 @@ static inline __attribute__((always_inline)) void attend_row_whole(
     }
     float m = -INFINITY;
     for (int t = 0; t < LANES; t++) m = m16[t] > m ? m16[t] : m;
-    for (int t = 0; t < LANES; t++)
-        if (nan_seen[t]) m = NAN;
     const int64_t whole = j;
+    int any_nan = 0;
+    for (int t = 0; t < LANES; t++) any_nan |= nan_seen[t];
+    /* attend_row's maximum is then its last nan score, payload and sign included (the x86 nan of
+     * 0 * inf is negative): the same bits for the row's nan outputs, and for any build */
+    for (int64_t i = 0; any_nan && i < whole; i++)
+        if (scores[i] != scores[i]) m = scores[i];
     for (; j < n_keys; j++) {
         const char *row = kb + (keys[j] * k_stride + k_off) * k_size;
         if (prefetch) prefetch_row(vb + (keys[j] * v_stride + v_off) * v_size, v_bytes);
