@@ -157,8 +157,9 @@ def run_rotating(timers: dict, repeats: int, quiet: bool = False) -> tuple[dict,
     return runs, medians, cpu_medians
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rollout workload's options (model, dtype, batch, lengths, sampling, repeats, seed), shared
+    with ``rollout_breakdown.py`` so both measure the same workload by default."""
     parser.add_argument("--model", default="tiny-qwen3")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--batch", type=int_at_least(1), default=32)
@@ -167,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float_at_least(0.0), default=1.0)
     parser.add_argument("--repeats", type=int_at_least(1), default=5)
     parser.add_argument("--seed", type=int, default=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_arguments(parser)
     parser.add_argument(
         "--threads",
         type=int_at_least(1),

@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout import DTYPES, build_hf_model, make_prompts, time_hf  # noqa: E402
+from rollout import DTYPES, add_workload_arguments, build_hf_model, make_prompts, time_hf  # noqa: E402
 
 from zeromismatch._provenance import provenance  # noqa: E402
-from zeromismatch.argtypes import check_out_or_exit, float_at_least, int_at_least  # noqa: E402
+from zeromismatch.argtypes import check_out_or_exit, int_at_least  # noqa: E402
 from zeromismatch.engine import LLM, SamplingParams  # noqa: E402
 from zeromismatch.engine.llm import build_preset  # noqa: E402
 from zeromismatch.io import atomic_write_json  # noqa: E402
@@ -131,14 +131,7 @@ def _engine(model, prompts):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-qwen3")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    parser.add_argument("--batch", type=int_at_least(1), default=32)
-    parser.add_argument("--prompt-len", type=int_at_least(1), default=16)
-    parser.add_argument("--new-tokens", type=int_at_least(1), default=128)
-    parser.add_argument("--temperature", type=float_at_least(0.0), default=1.0)
-    parser.add_argument("--repeats", type=int_at_least(1), default=5)
-    parser.add_argument("--seed", type=int, default=0)
+    add_workload_arguments(parser)
     parser.add_argument("--threads", type=int_at_least(1), default=1)
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
     parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")

@@ -258,10 +258,14 @@ def _rollout_by_preset(bench_dir: Path) -> list[str]:
             "|---|---|---:|---:|---:|---:|",
             *rows,
         ]
-    if absent:
-        lines.append("")
+    return lines + _presets_not_run("rollout.py", absent)
+
+
+def _presets_not_run(script: str, absent: list[tuple[str, str]]) -> list[str]:
+    """A "not run" line, with the command that writes it, per absent ``(preset, file)``."""
+    lines = [""] if absent else []
     for preset, name in absent:
-        command = f"python benchmarks/rollout.py --model {preset} {_OUT}/{name}"
+        command = f"python benchmarks/{script} --model {preset} {_OUT}/{name}"
         lines.append(f"- not run: `reproduced/benchmarks/{name}` (run: `{command}`)")
     return lines
 
@@ -330,12 +334,7 @@ def _rollout_breakdowns(bench_dir: Path) -> list[str]:
             "|---|" + "---:|" * len(BREAKDOWN_PHASES),
             *phase_rows,
         ]
-    if absent:
-        lines.append("")
-    for preset, name in absent:
-        command = f"python benchmarks/rollout_breakdown.py --model {preset} {_OUT}/{name}"
-        lines.append(f"- not run: `reproduced/benchmarks/{name}` (run: `{command}`)")
-    return lines
+    return lines + _presets_not_run("rollout_breakdown.py", absent)
 
 
 def _inline_html(text: str) -> str:
