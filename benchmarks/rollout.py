@@ -50,7 +50,7 @@ def make_prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[lis
     return [torch.randint(0, vocab, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
 
 
-def _usage_since(before) -> dict:
+def usage_since(before) -> dict:
     """Process CPU seconds (user + system) and minor page faults since ``before`` (a getrusage)."""
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {
@@ -59,8 +59,9 @@ def _usage_since(before) -> dict:
     }
 
 
-def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: float) -> tuple[float, int, dict]:
-    llm = LLM(
+def make_engine(model, kernels: str, prompts) -> LLM:
+    """The engine the rollout workload runs on: every prompt admitted at once, no prefix caching."""
+    return LLM(
         model,
         kernels,
         max_num_seqs=len(prompts),
@@ -68,12 +69,16 @@ def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: floa
         enable_prefix_caching=False,
         block_size=16,
     )
+
+
+def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: float) -> tuple[float, int, dict]:
+    llm = make_engine(model, kernels, prompts)
     params = SamplingParams(temperature=temperature, max_tokens=new_tokens, seed=1)
     before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    return elapsed, sum(len(o.token_ids) for o in outputs), _usage_since(before)
+    return elapsed, sum(len(o.token_ids) for o in outputs), usage_since(before)
 
 
 def build_hf_model(model, dtype: torch.dtype):
@@ -130,7 +135,7 @@ def time_hf(hf, prompts, new_tokens: int, temperature: float) -> tuple[float, in
             pad_token_id=0,
         )
     elapsed = time.perf_counter() - start
-    return elapsed, int((out.shape[1] - ids.shape[1]) * ids.shape[0]), _usage_since(before)
+    return elapsed, int((out.shape[1] - ids.shape[1]) * ids.shape[0]), usage_since(before)
 
 
 def run_rotating(timers: dict, repeats: int, quiet: bool = False) -> tuple[dict, dict, dict]:

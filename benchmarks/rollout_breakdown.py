@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import statistics
 import sys
 import time
@@ -36,7 +37,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout import DTYPES, add_workload_arguments, build_hf_model, make_prompts, time_hf  # noqa: E402
+from rollout import (  # noqa: E402
+    DTYPES,
+    add_workload_arguments,
+    build_hf_model,
+    make_engine,
+    make_prompts,
+    run_rotating,
+    time_hf,
+    usage_since,
+)
 
 from zeromismatch._provenance import provenance  # noqa: E402
 from zeromismatch.argtypes import check_out_or_exit, int_at_least  # noqa: E402
@@ -118,17 +128,6 @@ def _instrumented(llm: LLM, timers: _Timers):
                 delattr(owner, name)  # the instance attribute shadowing the class's method
 
 
-def _engine(model, prompts):
-    return LLM(
-        model,
-        "aligned-native",
-        max_num_seqs=len(prompts),
-        max_num_batched_tokens=max(2048, sum(map(len, prompts))),
-        enable_prefix_caching=False,
-        block_size=16,
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_arguments(parser)
@@ -152,42 +151,31 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(args.batch, args.prompt_len, int(model.config.vocab_size), args.seed)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.new_tokens, seed=1)
     hf = build_hf_model(model, dtype)
-    _engine(model, prompts[:2]).generate(prompts[:2], SamplingParams(max_tokens=2, seed=1))  # warm-up
+    warm_up = make_engine(model, "aligned-native", prompts[:2])
+    warm_up.generate(prompts[:2], SamplingParams(max_tokens=2, seed=1))
 
-    def run_engine(instrument: bool) -> dict:
-        llm = _engine(model, prompts)
+    def run_engine(instrument: bool) -> tuple[float, int, dict]:
+        """rollout.py's timer protocol: (seconds, tokens, extra fields of the run's record)."""
+        llm = make_engine(model, "aligned-native", prompts)
         timers = _Timers()
+        before = resource.getrusage(resource.RUSAGE_SELF)
         with _instrumented(llm, timers) if instrument else contextlib.nullcontext():
             start = time.perf_counter()
             outputs = llm.generate(prompts, params)
             seconds = time.perf_counter() - start
-        tokens = sum(len(o.token_ids) for o in outputs)
-        run = {"seconds": seconds, "tokens": tokens, "steps": llm.num_steps}
+        extra = {**usage_since(before), "steps": llm.num_steps}
         if instrument:
-            run["phase_seconds"] = dict(timers.phase)
-            run["native_seconds"] = dict(timers.native)
-            run["native_calls"] = dict(timers.native_calls)
-        return run
+            extra["phase_seconds"] = dict(timers.phase)
+            extra["native_seconds"] = dict(timers.native)
+            extra["native_calls"] = dict(timers.native_calls)
+        return seconds, sum(len(o.token_ids) for o in outputs), extra
 
-    systems = {
-        "hf-generate": lambda: dict(
-            zip(("seconds", "tokens"), time_hf(hf, prompts, args.new_tokens, args.temperature)[:2])
-        ),
+    timers = {
+        "hf-generate": lambda: time_hf(hf, prompts, args.new_tokens, args.temperature),
         "engine": lambda: run_engine(False),
         "engine-instrumented": lambda: run_engine(True),
     }
-    runs: dict[str, list[dict]] = {name: [] for name in systems}
-    names = list(systems)
-    for rep in range(args.repeats):
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            run = systems[name]()
-            runs[name].append(run)
-            if not args.quiet:
-                print(f"rep {rep} {name:20s} {run['tokens']} tokens in {run['seconds']:.3f} s")
-
-    def median_rate(name: str) -> float:
-        return statistics.median(r["tokens"] / r["seconds"] for r in runs[name])
-
+    runs, medians, _ = run_rotating(timers, args.repeats, args.quiet)
     instrumented = runs["engine-instrumented"]
     steps = statistics.median(r["steps"] for r in instrumented)
 
@@ -203,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         phase_ms[phase] = per_step_ms(totals)
         native_ms[phase] = per_step_ms([r["native_seconds"].get(phase, 0.0) for r in instrumented])
         calls[phase] = statistics.median(r["native_calls"].get(phase, 0) for r in instrumented) / steps
-    hf_rate, engine_rate = median_rate("hf-generate"), median_rate("engine")
+    hf_rate, engine_rate = medians["hf-generate"], medians["engine"]
     engine_step_ms = 1e3 * statistics.median(r["seconds"] for r in runs["engine"]) / steps
     tokens = statistics.median(r["tokens"] for r in runs["engine"])
     budget_ms = 1e3 * tokens / (TARGET_OVER_HF * hf_rate) / steps

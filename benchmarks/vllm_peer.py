@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout import _usage_since, make_prompts, run_rotating, time_engine  # noqa: E402
+from rollout import make_prompts, run_rotating, time_engine, usage_since  # noqa: E402
 
 from zeromismatch._provenance import provenance  # noqa: E402
 from zeromismatch.argtypes import check_out_or_exit  # noqa: E402
@@ -122,7 +122,7 @@ def time_vllm(vllm, llm, prompts, new_tokens: int, temperature: float):
     start = time.perf_counter()
     outputs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    usage = _usage_since(before)
+    usage = usage_since(before)
     completions = [o.outputs[0] for o in outputs]
     return elapsed, sum(len(c.token_ids) for c in completions), usage, completions
 

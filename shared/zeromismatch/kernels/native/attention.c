@@ -166,8 +166,9 @@ static inline __attribute__((always_inline)) void prefetch_row(const char *row, 
  * for lane zm_exp's bits; its argument score - m is <= 0 or nan here). The running maximum is
  * order-free: the exact maximum (it could differ from attend_row's only in the sign of a zero
  * maximum, and exp(score - (+-0)) is the same for every score; nor can a score be -0: the lane sums
- * start at +0), or, once a score is nan, attend_row's: the last nan score. The sum l and P @ V keep attend_row's ascending serial order. Keys past the last whole block take
- * attend_row's one-key path. */
+ * start at +0), or, once a score is nan, attend_row's: the last nan score. The sum l and P @ V
+ * keep attend_row's ascending serial order. Keys past the last whole block take attend_row's
+ * one-key path. */
 static inline __attribute__((always_inline)) void attend_row_whole(
     const float *qv, const char *kb, const char *vb, const int k_bf16, const int v_bf16, const int64_t *keys,
     int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off, int64_t v_off, int64_t dqk, int64_t dv,
