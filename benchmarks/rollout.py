@@ -59,8 +59,9 @@ def usage_since(before) -> dict:
     }
 
 
-def make_engine(model, kernels: str, prompts) -> LLM:
-    """The engine the rollout workload runs on: every prompt admitted at once, no prefix caching."""
+def make_engine(model, kernels: str, prompts, enforce_eager: bool = False) -> LLM:
+    """The engine the rollout workload runs on: every prompt admitted at once, no prefix caching;
+    decode steps replay step graphs where the kernel set allows (engine/step_graphs.py)."""
     return LLM(
         model,
         kernels,
@@ -68,6 +69,7 @@ def make_engine(model, kernels: str, prompts) -> LLM:
         max_num_batched_tokens=max(2048, sum(map(len, prompts))),
         enable_prefix_caching=False,
         block_size=16,
+        enforce_eager=enforce_eager,
     )
 
 
@@ -78,7 +80,8 @@ def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: floa
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    return elapsed, sum(len(o.token_ids) for o in outputs), usage_since(before)
+    usage = {**usage_since(before), "step_graphs": llm.runner.graphs.stats()}
+    return elapsed, sum(len(o.token_ids) for o in outputs), usage
 
 
 def build_hf_model(model, dtype: torch.dtype):

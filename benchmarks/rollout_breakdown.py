@@ -86,7 +86,12 @@ def _instrumented(llm: LLM, timers: _Timers):
             try:
                 return inner(*args, **kwargs)
             finally:
-                timers.phase[phase] += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                # exclusive times: a phase timed inside another (batch_values inside a graph's
+                # forward, the model's forward inside a capture) is taken out of the outer one
+                timers.phase[phase] += elapsed
+                if outer != "bookkeeping":
+                    timers.phase[outer] -= elapsed
                 timers.current = outer
 
         setattr(owner, name, timed)
@@ -111,8 +116,10 @@ def _instrumented(llm: LLM, timers: _Timers):
 
     try:
         wrap_phase(llm.scheduler, "schedule", "schedule")
+        wrap_phase(llm.runner, "batch_values", "build_batch")
         wrap_phase(llm.runner, "build_batch", "build_batch")
-        wrap_phase(llm.runner.model, "forward", "forward")
+        wrap_phase(llm.runner.graphs, "forward", "forward")  # a replayed step (or a capture)
+        wrap_phase(llm.runner.model, "forward", "forward")  # an eager one
         wrap_phase(llm.runner, "compute_logits", "logits")
         wrap_phase(llm.runner, "sampler", "sampler")  # an instance attribute: the Sampler object
         for name in names:
@@ -154,16 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     warm_up = make_engine(model, "aligned-native", prompts[:2])
     warm_up.generate(prompts[:2], SamplingParams(max_tokens=2, seed=1))
 
-    def run_engine(instrument: bool) -> tuple[float, int, dict]:
+    def run_engine(instrument: bool, enforce_eager: bool = False) -> tuple[float, int, dict]:
         """rollout.py's timer protocol: (seconds, tokens, extra fields of the run's record)."""
-        llm = make_engine(model, "aligned-native", prompts)
+        llm = make_engine(model, "aligned-native", prompts, enforce_eager=enforce_eager)
         timers = _Timers()
         before = resource.getrusage(resource.RUSAGE_SELF)
         with _instrumented(llm, timers) if instrument else contextlib.nullcontext():
             start = time.perf_counter()
             outputs = llm.generate(prompts, params)
             seconds = time.perf_counter() - start
-        extra = {**usage_since(before), "steps": llm.num_steps}
+        extra = {**usage_since(before), "steps": llm.num_steps, "step_graphs": llm.runner.graphs.stats()}
         if instrument:
             extra["phase_seconds"] = dict(timers.phase)
             extra["native_seconds"] = dict(timers.native)
@@ -173,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     timers = {
         "hf-generate": lambda: time_hf(hf, prompts, args.new_tokens, args.temperature),
         "engine": lambda: run_engine(False),
+        "engine-eager": lambda: run_engine(False, enforce_eager=True),
         "engine-instrumented": lambda: run_engine(True),
     }
     runs, medians, _ = run_rotating(timers, args.repeats, args.quiet)
@@ -191,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         phase_ms[phase] = per_step_ms(totals)
         native_ms[phase] = per_step_ms([r["native_seconds"].get(phase, 0.0) for r in instrumented])
         calls[phase] = statistics.median(r["native_calls"].get(phase, 0) for r in instrumented) / steps
-    hf_rate, engine_rate = medians["hf-generate"], medians["engine"]
+    hf_rate, engine_rate, eager_rate = medians["hf-generate"], medians["engine"], medians["engine-eager"]
     engine_step_ms = 1e3 * statistics.median(r["seconds"] for r in runs["engine"]) / steps
     tokens = statistics.median(r["tokens"] for r in runs["engine"])
     budget_ms = 1e3 * tokens / (TARGET_OVER_HF * hf_rate) / steps
@@ -204,8 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_end": list(os.getloadavg()),
         "runs": runs,
         "steps": steps,
-        "median_tokens_per_s": {"hf-generate": hf_rate, "engine": engine_rate},
+        "median_tokens_per_s": {"hf-generate": hf_rate, "engine": engine_rate, "engine-eager": eager_rate},
         "ratio_engine_over_hf": engine_rate / hf_rate,
+        "ratio_engine_eager_over_hf": eager_rate / hf_rate,
+        "ratio_step_graphs_over_eager": engine_rate / eager_rate,
+        "step_graphs": runs["engine"][-1]["step_graphs"],
         "target_engine_over_hf": TARGET_OVER_HF,
         "engine_ms_per_step": engine_step_ms,
         "budget_ms_per_step": budget_ms,
@@ -226,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         f"({hf_rate:.0f} tok/s); {engine_step_ms:.3f} ms/step, budget for {TARGET_OVER_HF:g}x HF "
         f"{budget_ms:.3f} ms/step"
     )
+    graphs = result["step_graphs"]
+    print(
+        f"step graphs: {engine_rate / eager_rate:.2f}x the eager engine ({eager_rate / hf_rate:.2f}x HF); "
+        + (f"{graphs['captures']} captures, {graphs['replays']} replays a generate" if graphs["enabled"]
+           else f"off: {graphs['disabled_reason']}")
+    )  # fmt: skip
     print(f"{'phase':12s} {'ms/step':>8s} {'in C':>8s} {'outside C':>10s} {'C calls':>8s}")
     for phase in (*PHASES, "bookkeeping"):
         print(

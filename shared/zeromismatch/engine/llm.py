@@ -102,6 +102,7 @@ class LLM:
         lm_head_precision: str = "fp32",
         tp: int = 1,
         tp_group=None,
+        enforce_eager: bool = False,
     ):
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be a positive int, got {tp!r}")
@@ -129,9 +130,14 @@ class LLM:
         self.block_manager = BlockManager(
             num_blocks, block_size, self.enable_prefix_caching, prefix_cache_versioned
         )
+        if not isinstance(enforce_eager, bool):
+            raise TypeError(f"enforce_eager must be a bool, got {enforce_eager!r}")
+        # step graphs replay a captured decode forward (step_graphs.py); a tensor-parallel rank's
+        # forward runs collectives, which are not recorded: ranks run eagerly
         self.runner = ModelRunner(
-            self.model, self.kernels, num_blocks, block_size, max_num_seqs, lm_head_precision
-        )
+            self.model, self.kernels, num_blocks, block_size, max_num_seqs, lm_head_precision,
+            step_graphs=not enforce_eager and tp_group is None,
+        )  # fmt: skip
         # models with per-sequence recurrent state (Mamba2 layers) need a state slot per request
         uses_state_slots = any(state is not None for state in self.runner.cache.ssm_state)
         self.scheduler = Scheduler(

@@ -16,6 +16,7 @@ import torch
 from ..models.batch import ForwardBatch, ModelCache
 from .sampler import Sampler
 from .scheduler import ScheduledChunk
+from .step_graphs import DecodeGraphs
 
 #: "fp32": the model's own ``compute_logits`` (the kernel set's head; fp32 in the aligned set).
 #: "activation": a stock engine's head, a GEMM in the activation dtype upcast afterwards --
@@ -32,6 +33,7 @@ class ModelRunner:
         block_size: int,
         max_num_seqs: int,
         lm_head_precision: str = "fp32",
+        step_graphs: bool = True,
     ):
         if lm_head_precision not in LM_HEAD_PRECISIONS:
             raise ValueError(
@@ -45,16 +47,27 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.sampler = Sampler(kernels)
         self.cache: ModelCache = model.allocate_cache(num_blocks, block_size, max_num_seqs)
+        self.graphs = DecodeGraphs(step_graphs, self.cache)
 
     def reset_cache(self) -> None:
         """Fresh cache tensors (e.g. after a weight update with a different dtype)."""
         self.cache = self.model.allocate_cache(self.num_blocks, self.block_size, self.max_num_seqs)
+        self.graphs.clear()
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> ForwardBatch:
+        values, layout = self.batch_values(chunks)
+        return batch_from_values(torch.tensor(values, dtype=torch.int64), layout)
+
+    def batch_values(self, chunks: list[ScheduledChunk], width: int | None = None) -> tuple[list[int], tuple]:
+        """Every int64 field of the step's ``ForwardBatch`` in one list (one tensor conversion per
+        step; ``batch_from_values`` views it) and its layout ``(num_tokens, num_seqs, max_blocks)``.
+        ``width`` pads the block table to that many columns (step graphs bucket it)."""
         bs = self.block_size
         input_ids, positions, slots, table = [], [], [], []
         q_lens, kv_lens, state_slots, starts = [], [], [], []
         max_blocks = max(len(c.request.block_ids) for c in chunks)
+        if width is not None:
+            max_blocks = max(max_blocks, width)
         for chunk in chunks:
             request = chunk.request
             start, n = chunk.start, chunk.num_tokens
@@ -78,23 +91,8 @@ class ModelRunner:
         cu = [0]
         for n in q_lens:
             cu.append(cu[-1] + n)
-        # one tensor for all int64 fields (one allocation and one list conversion per step); the
-        # fields are views of it
-        num_tokens, num_seqs = len(input_ids), len(chunks)
         values = input_ids + positions + slots + cu + kv_lens + state_slots + starts + table
-        sizes = [num_tokens] * 3 + [num_seqs + 1] + [num_seqs] * 3 + [num_seqs * max_blocks]
-        fields = torch.tensor(values, dtype=torch.int64).split(sizes)
-        ids_t, positions_t, slots_t, cu_t, kv_t, state_t, starts_t, table_t = fields
-        return ForwardBatch(
-            input_ids=ids_t,
-            positions=positions_t,
-            cu_seqlens_q=cu_t,
-            kv_lens=kv_t,
-            block_table=table_t.view(num_seqs, max_blocks),
-            slot_mapping=slots_t,
-            state_slots=state_t,
-            has_initial_state=starts_t > 0,
-        )
+        return values, (len(input_ids), len(chunks), max_blocks)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head_precision == "fp32":
@@ -118,13 +116,20 @@ class ModelRunner:
                 f"the model's kernel set was changed to {model_kernels.name!r} after this engine set "
                 f"it to {self.kernels.name!r}: engines must not share a model object (pass a copy)"
             )
-        batch = self.build_batch(chunks)
-        hidden = self.model.forward(batch, self.cache)
+        graphed = self.graphs.forward(self, chunks)
+        if graphed is None:
+            batch = self.build_batch(chunks)
+            hidden = self.model.forward(batch, self.cache)
+        else:
+            batch, hidden = graphed
         sampling = [i for i, c in enumerate(chunks) if c.samples]
         if not sampling:
             return []
-        rows = batch.cu_seqlens_q[1:][sampling] - 1
-        logits = self.compute_logits(hidden[rows])
+        if len(sampling) == hidden.shape[0]:  # every row samples (a decode step): no gather
+            logits = self.compute_logits(hidden)
+        else:
+            rows = batch.cu_seqlens_q[1:][sampling] - 1
+            logits = self.compute_logits(hidden[rows])
         requests = [chunks[i].request for i in sampling]
         out = self.sampler(
             logits,
@@ -133,6 +138,23 @@ class ModelRunner:
             [len(r.output_token_ids) for r in requests],
         )
         return [(chunks[i], t, lp) for i, t, lp in zip(sampling, out.token_ids, out.logprobs)]
+
+
+def batch_from_values(base: torch.Tensor, layout: tuple) -> ForwardBatch:
+    """The ``ForwardBatch`` whose fields are views of ``base`` (``ModelRunner.batch_values``)."""
+    num_tokens, num_seqs, max_blocks = layout
+    sizes = [num_tokens] * 3 + [num_seqs + 1] + [num_seqs] * 3 + [num_seqs * max_blocks]
+    ids_t, positions_t, slots_t, cu_t, kv_t, state_t, starts_t, table_t = base.split(sizes)
+    return ForwardBatch(
+        input_ids=ids_t,
+        positions=positions_t,
+        cu_seqlens_q=cu_t,
+        kv_lens=kv_t,
+        block_table=table_t.view(num_seqs, max_blocks),
+        slot_mapping=slots_t,
+        state_slots=state_t,
+        has_initial_state=starts_t > 0,
+    )
 
 
 def _token_at(request, position: int) -> int:

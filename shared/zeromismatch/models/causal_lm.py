@@ -27,6 +27,7 @@ from torch import nn
 
 from ..kernels import get_kernels
 from ..kernels.base import KernelSet
+from ..kernels.host_reads import host_reads_for_checks
 from .batch import ForwardBatch, ModelCache
 from .config import ModelConfig
 from .layers import VIRTUAL_SHARDS, ForwardContext, Linear, LMHead
@@ -134,7 +135,8 @@ class CausalLM(nn.Module):
 
     # ---- forward ----------------------------------------------------------------
     def forward(self, batch: ForwardBatch, cache: ModelCache | None = None) -> torch.Tensor:
-        self._check_batch(batch, cache)
+        with host_reads_for_checks():  # (a step graph's replay skips them: kernels/step_graph.py)
+            self._check_batch(batch, cache)
         ctx = ForwardContext(self.kernels, batch, cache)
         if cache is not None:
             if batch.has_initial_state is not None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from ..host_reads import host_reads_for_checks
 from .dense import silu, vector_path
 from .gemm import linear_prepacked, packed_experts, row_invariant_linear
 
@@ -136,7 +137,9 @@ def check_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation) -
         raise ValueError(f"w_up {tuple(w_up.shape)} / w_down {tuple(w_down.shape)} do not match x")
     if w_gate is not None and w_gate.shape != w_up.shape:
         raise ValueError(f"w_gate {tuple(w_gate.shape)} must match w_up {tuple(w_up.shape)}")
-    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
+    with host_reads_for_checks():  # (a step graph's replay skips it; moe.c checks the ids too)
+        out_of_range = topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts)
+    if out_of_range:
         raise ValueError(f"topk_ids must be in [0, {num_experts})")
 
 

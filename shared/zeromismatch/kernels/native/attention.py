@@ -31,6 +31,7 @@ import torch
 
 from ..aligned import attention as aligned_attention
 from ..aligned.attention import _cached_plan, _check_offsets, check_packed_inputs, check_paged_inputs
+from ..host_reads import host_reads_for_checks
 from . import _build
 from ._autograd import native_with_reference_backward
 from ._device import CPU, require_cpu
@@ -158,16 +159,23 @@ def paged_attention(
     hkv, cache_block = k_cache.shape[2], k_cache.shape[1]
 
     def build():
-        cu_q = _check_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-        kv_list = kv_lens.tolist()
+        # the lists only check; the plan's tensors are computed from the batch's tensors, so a step
+        # graph (kernels/step_graph.py) replays this plan on the next step's offsets and lengths
+        with host_reads_for_checks():
+            cu_q = _check_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+            kv_list = kv_lens.tolist()
         if any(n < 0 for n in kv_list):
             raise ValueError(f"kv_lens must be >= 0, got {kv_list}")
         if any(n > block_table.shape[1] * cache_block for n in kv_list):
             raise ValueError("kv_lens exceed the blocks in block_table")
+        if any(b - a > kv for a, b, kv in zip(cu_q, cu_q[1:], kv_list)):
+            raise ValueError("every sequence needs kv_len >= q_len (this step's keys must be included)")
+        cu = cu_seqlens_q.to(torch.int64)
         # the kernel checks the block id of every position below kv_len against the cache (status -2)
-        return _plan_from(
-            cu_q,
-            kv_list,
+        return _Plan(
+            cu[:-1].contiguous(),
+            cu[1:] - cu[:-1],
+            kv_lens.to(torch.int64).contiguous(),
             block_table=block_table.to(torch.int64),
             block_size=cache_block,
             num_blocks=k_cache.shape[0],

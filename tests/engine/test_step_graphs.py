@@ -1,0 +1,221 @@
+"""Step graphs (kernels/step_graph.py, engine/step_graphs.py): a replayed decode step gives the eager
+engine's bits, the trainer still recomputes them bitwise, and what a replay cannot repeat refuses
+the capture instead of being replayed as a constant."""
+
+import pytest
+import torch
+
+from zeromismatch.engine import LLM, SamplingParams
+from zeromismatch.engine.llm import build_preset
+from zeromismatch.engine.step_graphs import padded_width
+from zeromismatch.kernels import get_kernels
+from zeromismatch.kernels.step_graph import Guard, ReplayDiverged, capture, host_reads_for_checks
+from zeromismatch.train.logprobs import recompute_outputs
+
+NATIVE = "aligned-native"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _prompts(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 512, (int(torch.randint(2, 14, (1,), generator=gen)),), generator=gen).tolist()
+            for _ in range(n)]  # fmt: skip
+
+
+def _generate(model, kernels=NATIVE, enforce_eager=False, seed=0, dtype=torch.float32):
+    """Requests of different lengths that leave at different steps, so the decode batch shrinks
+    (several graph keys) and stays the same for runs of steps (replays)."""
+    llm = LLM(model, kernels, dtype=dtype, max_num_seqs=6, block_size=4, enforce_eager=enforce_eager)
+    lengths = (9, 12, 15, 18, 21, 24)
+    params = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=m, seed=seed) for m in lengths]
+    outputs = llm.generate(_prompts(6, seed), params)
+    assert all(o.finish_reason == "length" for o in outputs)
+    return llm, outputs
+
+
+def _tokens_and_logprobs(outputs):
+    return [o.token_ids for o in outputs], torch.cat([torch.tensor(o.logprobs) for o in outputs])
+
+
+CASES = [
+    pytest.param("tiny-qwen3", "fp32", None, id="qwen3-fp32"),
+    pytest.param("tiny-qwen3", "bf16", None, id="qwen3-bf16"),
+    pytest.param("tiny-qwen3-moe", "fp32", None, id="moe-fp32"),
+    pytest.param("tiny-deepseek-v3", "bf16", "fp8", id="deepseek-bf16-fp8", marks=pytest.mark.slow),
+    pytest.param("tiny-qwen3", "bf16", "nvfp4", id="qwen3-bf16-nvfp4", marks=pytest.mark.slow),
+    pytest.param("tiny-deepseek-v3", "fp32", None, id="deepseek-fp32", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("preset, dtype, quant", CASES)
+def test_replayed_steps_give_the_eager_engines_bits_and_the_trainers(preset, dtype, quant):
+    model = build_preset(preset, NATIVE, DTYPES[dtype], 0, quant)
+    graphed, outputs = _generate(model, dtype=DTYPES[dtype])
+    stats = graphed.runner.graphs.stats()
+    # not vacuous: decode steps were captured and replayed, under more than one key
+    assert stats["enabled"] and stats["captures"] >= 2 and stats["replays"] >= 10, stats
+    eager, eager_outputs = _generate(model, enforce_eager=True, dtype=DTYPES[dtype])
+    assert eager.runner.graphs.stats()["replays"] == 0
+    tokens, logprobs = _tokens_and_logprobs(outputs)
+    eager_tokens, eager_logprobs = _tokens_and_logprobs(eager_outputs)
+    assert tokens == eager_tokens
+    assert torch.equal(logprobs, eager_logprobs)
+    trainer = torch.cat(recompute_outputs(model, outputs))
+    assert torch.equal(trainer, logprobs)
+
+
+@pytest.mark.parametrize("kernels", ["default", "aligned"])
+def test_kernel_sets_that_read_lengths_on_the_host_refuse_capture_and_run_eagerly(kernels):
+    """The inverse: these sets' attention reads sequence lengths with tolist(), which a replay would
+    repeat as constants; capture refuses, names the place, and the engine runs eagerly (its
+    tokens are those of enforce_eager)."""
+    model = build_preset("tiny-qwen3", kernels, torch.float32, 0)
+    llm, outputs = _generate(model, kernels)
+    stats = llm.runner.graphs.stats()
+    assert not stats["enabled"] and stats["replays"] == 0
+    assert stats["disabled_reason"].startswith("capture refused:") and ".py:" in stats["disabled_reason"]
+    _, eager_outputs = _generate(model, kernels, enforce_eager=True)
+    assert _tokens_and_logprobs(outputs)[0] == _tokens_and_logprobs(eager_outputs)[0]
+
+
+@pytest.mark.native
+def test_an_in_place_weight_change_drops_the_graphs():
+    model = build_preset("tiny-qwen3", NATIVE, torch.float32, 0)
+    llm, _ = _generate(model)
+    captures = llm.runner.graphs.captures
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+    changed = llm.generate(_prompts(6, 1), [SamplingParams(temperature=0.9, max_tokens=12, seed=1)] * 6)
+    assert llm.runner.graphs.captures > captures  # recaptured under the new weights
+    fresh = LLM(model, NATIVE, max_num_seqs=6, block_size=4, enforce_eager=True)
+    expected = fresh.generate(_prompts(6, 1), [SamplingParams(temperature=0.9, max_tokens=12, seed=1)] * 6)
+    assert _tokens_and_logprobs(changed)[0] == _tokens_and_logprobs(expected)[0]
+    assert torch.equal(_tokens_and_logprobs(changed)[1], _tokens_and_logprobs(expected)[1])
+
+
+@pytest.mark.native
+def test_update_weights_keep_mode_recomputes_each_version_with_graphs_on():
+    model = build_preset("tiny-qwen3", NATIVE, torch.float32, 0)
+    llm = LLM(model, NATIVE, max_num_seqs=4, block_size=4)
+    ids = [llm.add_request(p, SamplingParams(temperature=0.9, max_tokens=20, seed=3)) for p in _prompts(4, 2)]
+    for _ in range(10):
+        llm.step()
+    assert llm.runner.graphs.replays > 0
+    new_weights = build_preset("tiny-qwen3", NATIVE, torch.float32, 7).state_dict_hf()
+    old_weights = model.state_dict_hf()
+    llm.update_weights(new_weights, mode="keep")
+    outputs = {}
+    while llm.has_unfinished():
+        outputs.update((o.request_id, o) for o in llm.step() if o.finished)
+    outputs = [outputs[i] for i in ids]
+    versions = {v for o in outputs for v in o.weight_versions}
+    assert versions == {0, 1}
+    # each version's tokens recompute bitwise under that version's weights
+    for version, weights in ((0, old_weights), (1, new_weights)):
+        reference = build_preset("tiny-qwen3", NATIVE, torch.float32, 0)
+        reference.load_state_dict_hf(weights)
+        recomputed = recompute_outputs(reference, outputs)
+        for o, lp in zip(outputs, recomputed):
+            mask = torch.tensor([v == version for v in o.weight_versions])
+            assert torch.equal(lp[mask], torch.tensor(o.logprobs)[mask])
+
+
+def test_enforce_eager_must_be_a_bool():
+    with pytest.raises(TypeError, match="enforce_eager must be a bool"):
+        LLM("tiny-qwen3", "default", enforce_eager="yes")
+
+
+def test_padded_width_doubles_from_sixteen():
+    assert [padded_width(n) for n in (1, 16, 17, 32, 33)] == [16, 16, 32, 32, 64]
+
+
+# ---- the capture itself ----------------------------------------------------------------------------
+
+
+@pytest.mark.native
+def test_a_replay_on_new_inputs_equals_the_eager_call_on_them():
+    kernels = get_kernels(NATIVE)
+    weight = torch.randn(48)
+    x = torch.randn(5, 48)
+
+    def step():
+        return kernels.rms_norm(x, weight, 1e-6) + x * 2
+
+    with torch.no_grad():
+        graph, out = capture(step)
+        assert graph.refused is None and graph.num_native_calls == 1
+        fresh = torch.randn(5, 48)
+        x.copy_(fresh)
+        graph.replay()
+        assert torch.equal(out, kernels.rms_norm(fresh, weight, 1e-6) + fresh * 2)
+
+
+@pytest.mark.parametrize(
+    "read, what",
+    [
+        (lambda x: x.sum().item(), "_local_scalar_dense"),
+        (lambda x: int(x[0] > 0), "_local_scalar_dense"),
+        (lambda x: x.tolist(), "tolist"),
+        (lambda x: torch.tensor([1.0, 2.0]), "lift_fresh"),
+        (lambda x: torch.rand(3), "rand"),
+        (lambda x: x[x > 0], "index"),
+    ],
+    ids=["item", "int", "tolist", "tensor-from-list", "random", "boolean-mask"],
+)
+def test_what_a_replay_cannot_repeat_refuses_the_capture(read, what):
+    x = torch.randn(4)
+    with torch.no_grad():
+        graph, _ = capture(lambda: read(x))
+    assert graph.refused is not None and what in graph.refused
+
+
+def test_reads_marked_as_checks_are_accepted_and_not_replayed():
+    x = torch.randn(4)
+
+    def step():
+        with host_reads_for_checks():
+            if bool((x.abs() > 100).any()) or len(x.tolist()) != 4:
+                raise ValueError("bad x")
+        return x * 3
+
+    with torch.no_grad():
+        graph, out = capture(step)
+        assert graph.refused is None and len(graph) == 1  # only the multiply
+        x.fill_(1000.0)  # the check would raise now; a replay does not repeat it
+        graph.replay()
+    assert torch.equal(out, torch.full((4,), 3000.0))
+
+
+def test_capture_needs_no_grad():
+    with pytest.raises(RuntimeError, match="no_grad"):
+        capture(lambda: None)
+
+
+def test_the_guard_sees_in_place_changes_and_replaced_parameters():
+    layer = torch.nn.Linear(3, 3)
+    guard = Guard(layer)
+    assert guard.holds()
+    with torch.no_grad():
+        layer.bias.add_(1)
+    assert not guard.holds()
+    guard = Guard(layer)
+    layer.weight = torch.nn.Parameter(layer.weight.detach().clone())
+    assert not guard.holds()
+
+
+@pytest.mark.native
+def test_a_native_status_that_changes_at_replay_raises_replay_diverged():
+    """zm_attention checks every block id it reads: a table that was valid at capture and is not
+    at replay changes its status, so the step is rerun eagerly (which raises the proper error)."""
+    kernels = get_kernels(NATIVE)
+    k_cache, v_cache = torch.randn(4, 2, 1, 8), torch.randn(4, 2, 1, 8)
+    q = torch.randn(1, 2, 8)
+    table = torch.tensor([[0, 1]])
+    cu, kv_lens = torch.tensor([0, 1]), torch.tensor([3])
+    with torch.no_grad():
+        graph, _ = capture(lambda: kernels.paged_attention(q, k_cache, v_cache, table, cu, kv_lens, 0.5))
+        assert graph.refused is None
+        table[0, 1] = 99  # outside the cache's 4 blocks
+        with pytest.raises(ReplayDiverged, match="zm_attention"):
+            graph.replay()
