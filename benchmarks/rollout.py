@@ -43,6 +43,9 @@ from zeromismatch.io import atomic_write_json
 from zeromismatch.kernels.native import unavailable_reason as native_unavailable_reason
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: new tokens of the untimed warm-up generate: enough decode steps for a step-graph capture
+#: (engine/step_graphs.py: one eager warm-up step per key, then the capture)
+WARM_UP_TOKENS = 4
 
 
 def make_prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
@@ -210,10 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     systems = ["engine-aligned", "engine-default"] + (["engine-aligned-native"] if native else [])
     systems += [] if args.no_hf else ["hf-generate"]
     hf = None if args.no_hf else build_hf_model(model, dtype)
-    # warm-up (allocator, lazy inits, the native library's build) -- not timed
+    # warm-up (allocator, lazy inits, the native library's build, and a step-graph capture: the
+    # process's first imports torch._dynamo, ~1 s) -- not timed
     for name in systems:
         if name.startswith("engine-"):
-            time_engine(model, name.split("-", 1)[1], prompts[:2], 2, args.temperature)
+            time_engine(model, name.split("-", 1)[1], prompts[:2], WARM_UP_TOKENS, args.temperature)
 
     def engine_timer(kernels: str):
         def timer():

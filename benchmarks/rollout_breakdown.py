@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout import (  # noqa: E402
     DTYPES,
+    WARM_UP_TOKENS,
     add_workload_arguments,
     build_hf_model,
     make_engine,
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(temperature=args.temperature, max_tokens=args.new_tokens, seed=1)
     hf = build_hf_model(model, dtype)
     warm_up = make_engine(model, "aligned-native", prompts[:2])
-    warm_up.generate(prompts[:2], SamplingParams(max_tokens=2, seed=1))
+    warm_up.generate(prompts[:2], SamplingParams(max_tokens=WARM_UP_TOKENS, seed=1))
 
     def run_engine(instrument: bool, enforce_eager: bool = False) -> tuple[float, int, dict]:
         """rollout.py's timer protocol: (seconds, tokens, extra fields of the run's record)."""

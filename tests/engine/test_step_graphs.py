@@ -22,12 +22,17 @@ def _prompts(n, seed=0):
             for _ in range(n)]  # fmt: skip
 
 
-def _generate(model, kernels=NATIVE, enforce_eager=False, seed=0, dtype=torch.float32):
+#: the sampler runs inside the graph (processed logprobs, temperature 0 or >= 1) or after it
+GRAPH_SAMPLES = dict(temperature=1.0, top_k=40, top_p=0.9)
+
+
+def _generate(model, kernels=NATIVE, enforce_eager=False, seed=0, dtype=torch.float32, **sampling):
     """Requests of different lengths that leave at different steps, so the decode batch shrinks
     (several graph keys) and stays the same for runs of steps (replays)."""
     llm = LLM(model, kernels, dtype=dtype, max_num_seqs=6, block_size=4, enforce_eager=enforce_eager)
     lengths = (9, 12, 15, 18, 21, 24)
-    params = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=m, seed=seed) for m in lengths]
+    sampling = sampling or dict(temperature=0.9, top_p=0.95)
+    params = [SamplingParams(**sampling, max_tokens=m, seed=seed) for m in lengths]
     outputs = llm.generate(_prompts(6, seed), params)
     assert all(o.finish_reason == "length" for o in outputs)
     return llm, outputs
@@ -47,15 +52,32 @@ CASES = [
 ]
 
 
+# every model case with the sampler in the graph; the other samplings on tiny-qwen3 (the sampler
+# does not depend on the model)
+SAMPLINGS = [
+    pytest.param(dict(temperature=0.9, top_p=0.95), False, id="eager-sampler"),
+    pytest.param(dict(temperature=0.0), True, id="greedy"),
+    pytest.param(dict(temperature=1.0, logprobs_mode="raw"), False, id="raw-logprobs"),
+]
+GRID = [
+    pytest.param(*case.values, GRAPH_SAMPLES, True, id=f"{case.id}-graph-samples", marks=case.marks)
+    for case in CASES
+] + [pytest.param("tiny-qwen3", "fp32", None, *s.values, id=f"qwen3-fp32-{s.id}") for s in SAMPLINGS]
+
+
 @pytest.mark.native
-@pytest.mark.parametrize("preset, dtype, quant", CASES)
-def test_replayed_steps_give_the_eager_engines_bits_and_the_trainers(preset, dtype, quant):
+@pytest.mark.parametrize("preset, dtype, quant, sampling, graph_samples", GRID)
+def test_replayed_steps_give_the_eager_engines_bits_and_the_trainers(
+    preset, dtype, quant, sampling, graph_samples
+):
     model = build_preset(preset, NATIVE, DTYPES[dtype], 0, quant)
-    graphed, outputs = _generate(model, dtype=DTYPES[dtype])
+    graphed, outputs = _generate(model, dtype=DTYPES[dtype], **sampling)
     stats = graphed.runner.graphs.stats()
     # not vacuous: decode steps were captured and replayed, under more than one key
     assert stats["enabled"] and stats["captures"] >= 2 and stats["replays"] >= 10, stats
-    eager, eager_outputs = _generate(model, enforce_eager=True, dtype=DTYPES[dtype])
+    sampled_in_graph = {entry.step.tokens is not None for entry in graphed.runner.graphs.graphs.values()}
+    assert sampled_in_graph == {graph_samples}
+    eager, eager_outputs = _generate(model, enforce_eager=True, dtype=DTYPES[dtype], **sampling)
     assert eager.runner.graphs.stats()["replays"] == 0
     tokens, logprobs = _tokens_and_logprobs(outputs)
     eager_tokens, eager_logprobs = _tokens_and_logprobs(eager_outputs)
@@ -63,6 +85,8 @@ def test_replayed_steps_give_the_eager_engines_bits_and_the_trainers(preset, dty
     assert torch.equal(logprobs, eager_logprobs)
     trainer = torch.cat(recompute_outputs(model, outputs))
     assert torch.equal(trainer, logprobs)
+    if sampling["temperature"] > 0:  # (greedy rows report logprob 0)
+        assert not (logprobs == 0).all()
 
 
 @pytest.mark.parametrize("kernels", ["default", "aligned"])

@@ -64,8 +64,8 @@ def test_sampler_draws_the_same_tokens_as_the_torch_loop(monkeypatch, kernels):
     seeds, indices = list(range(100, 124)), [i % 5 for i in range(24)]
     sample = Sampler(get_kernels(kernels))
     native = sample(logits, params, seeds, indices)
-    monkeypatch.setattr(native_random, "uniform_rows", lambda seeds, cols: None)
-    assert sampler_module.native_random.uniform_rows([1], 1) is None
+    monkeypatch.setattr(native_random, "uniform_rows_from", lambda seeds, cols: None)
+    assert sampler_module.native_random.uniform_rows_from(torch.tensor([1]), 1) is None
     fallback = sample(logits, params, seeds, indices)
     assert native.token_ids == fallback.token_ids and native.logprobs == fallback.logprobs
     shifted = sample(logits, params, [s + 1 for s in seeds], indices)
@@ -77,3 +77,14 @@ def test_sampler_refuses_mismatched_lengths():
     params = [SamplingParams(max_tokens=1)] * 3
     with pytest.raises(ValueError, match="3 logit rows but 3 params, 1 seeds"):
         sample(torch.zeros(3, 8), params, [1], [0, 0, 0])
+
+
+@pytest.mark.native
+def test_uniform_rows_from_reads_an_int64_seed_tensor_and_refuses_others():
+    seeds = [5, 2**63 + 7]  # above 2^63: stored as its uint64 bits in int64
+    tensor = native_random.seed_tensor(seeds)
+    assert tensor.dtype == torch.int64 and tensor[1] < 0
+    assert torch.equal(native_random.uniform_rows_from(tensor, 9), _torch_rows(seeds, 9))
+    for bad in (tensor.to(torch.int32), tensor.view(2, 1), torch.stack([tensor, tensor], 1)[:, 0]):
+        with pytest.raises(ValueError, match="contiguous 1-D int64 CPU tensor"):
+            native_random.uniform_rows_from(bad, 3)

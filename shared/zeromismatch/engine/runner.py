@@ -120,8 +120,10 @@ class ModelRunner:
         if graphed is None:
             batch = self.build_batch(chunks)
             hidden = self.model.forward(batch, self.cache)
+        elif graphed.tokens is not None:  # the graph sampled too (every chunk of a decode step samples)
+            return list(zip(chunks, graphed.tokens.tolist(), graphed.logprobs.tolist()))
         else:
-            batch, hidden = graphed
+            batch, hidden = graphed.batch, graphed.hidden
         sampling = [i for i, c in enumerate(chunks) if c.samples]
         if not sampling:
             return []

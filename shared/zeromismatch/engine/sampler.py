@@ -117,17 +117,29 @@ class Sampler:
                 f"and {len(token_indices)} token indices"
             )
         temperature, top_k, top_p = self._param_tensors(params, logits.device)
+        stream_seeds = native_random.seed_tensor([mix_seed(s, i) for s, i in zip(seeds, token_indices)])
+        processed, token_tensor = self.race(logits, temperature, top_k, top_p, stream_seeds)
+        if all(p.logprobs_mode == "processed" for p in params):
+            chosen = processed.gather(1, token_tensor.view(-1, 1)).view(-1)
+        else:
+            chosen = token_logprobs(self.kernels, logits, params, token_tensor)
+        return SamplerOutput(token_tensor.cpu().tolist(), chosen.cpu().tolist())
+
+    def race(self, logits, temperature, top_k, top_p, stream_seeds: torch.Tensor):
+        """The processed logprobs ``[rows, vocab]`` and each row's drawn token (module docstring, steps
+        1-2); ``stream_seeds`` holds each row's generator seed (``native_random.seed_tensor``). Tensor
+        ops and native calls only, where the native library builds: a step graph replays it
+        (engine/step_graphs.py)."""
         processed = self.kernels.processed_log_softmax(logits, temperature, top_k, top_p)
         # row i of the noise is filled from request i's own generator stream (a contiguous row of
         # vocab entries, exactly what a fresh [vocab] tensor would get); log, the race and argmax
         # are elementwise / per row, so batching them changes no row's bits
-        stream_seeds = [mix_seed(seed, index) for seed, index in zip(seeds, token_indices)]
-        noise = native_random.uniform_rows(stream_seeds, logits.shape[1])
+        noise = native_random.uniform_rows_from(stream_seeds, logits.shape[1])
         if noise is None:  # no native library here: the same draws from torch's generator
             noise = torch.empty(logits.shape, dtype=torch.float32)
             generator = self._generator
-            for row, stream_seed in zip(noise.unbind(0), stream_seeds):
-                generator.manual_seed(stream_seed)
+            for row, stream_seed in zip(noise.unbind(0), stream_seeds.tolist()):
+                generator.manual_seed(stream_seed & _MASK64)
                 row.uniform_(generator=generator)
         # U = 0 (probability 2^-24 per entry) would give E = inf and a race value of -inf: with a
         # single finite entry (greedy, top_k = 1, a tiny top_p) every entry would then be -inf and
@@ -136,10 +148,5 @@ class Sampler:
         noise.clamp_(min=_TINY)
         log_e = noise.log_().neg_().log_()  # log E, E = -log U ~ Exp(1)
         race = processed.cpu() - log_e
-        token_cpu = torch.argmax(race, dim=1)  # first maximum per row
-        token_tensor = token_cpu.to(logits.device)
-        if all(p.logprobs_mode == "processed" for p in params):
-            chosen = processed.gather(1, token_tensor.view(-1, 1)).view(-1)
-        else:
-            chosen = token_logprobs(self.kernels, logits, params, token_tensor)
-        return SamplerOutput(token_cpu.tolist(), chosen.cpu().tolist())
+        token = torch.argmax(race, dim=1)  # first maximum per row
+        return processed, token.to(logits.device)

@@ -1,8 +1,13 @@
-"""``host_reads_for_checks()``: marks kernel and model code that reads tensor data on the host only
-to validate it (and raise), so a step-graph capture (``step_graph.py``) accepts the read. Any
-other host read during a capture refuses it: its value would be replayed as a constant. A replay
-does not repeat the marked checks. (Its own module: the native kernels import it, and step_graph.py
-imports them.)"""
+"""Host reads of tensor data that a step-graph capture (``step_graph.py``) may accept. Any other host
+read during a capture refuses it, because its value would be replayed as a constant.
+
+- ``host_reads_for_checks()``: reads that only validate inputs (and raise). A replay skips them,
+  so its caller must hand it inputs that would pass (the engine builds them itself).
+- ``host_reads_of_graph_constants()``: reads of tensors that a graph's key fixes, so their values
+  are the same at every replay of that graph: the sampler's per-row temperature / top-k / top-p,
+  which the engine's key holds by value (engine/step_graphs.py).
+
+(Its own module: the native kernels import it, and step_graph.py imports them.)"""
 
 from __future__ import annotations
 
@@ -20,6 +25,13 @@ def host_reads_for_checks():
         yield
     finally:
         _checks.depth -= 1
+
+
+@contextlib.contextmanager
+def host_reads_of_graph_constants():
+    """Host reads inside this block read tensors a graph's key fixes; a capture accepts them."""
+    with host_reads_for_checks():
+        yield
 
 
 def reading_for_checks() -> bool:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from .. import collectives
 from ..base import QuantizedWeight
+from ..host_reads import host_reads_of_graph_constants
 from ..quant import cached_dequantize
 from .gemm import row_invariant_linear, row_invariant_pieces
 
@@ -374,6 +375,12 @@ _last_plan: tuple | None = None  # (key, parameter snapshots, plan), replaced wh
 
 
 def _sampling_plan(logits: torch.Tensor, temperature, top_k, top_p) -> _SamplingPlan:
+    # the plan is a function of the parameters alone, which a step graph's key holds by value
+    with host_reads_of_graph_constants():
+        return _build_sampling_plan(logits, temperature, top_k, top_p)
+
+
+def _build_sampling_plan(logits: torch.Tensor, temperature, top_k, top_p) -> _SamplingPlan:
     global _last_plan
     params = (temperature, top_k, top_p)
     key = None

@@ -36,19 +36,39 @@ def _library():
         return None
 
 
+def available() -> bool:
+    """Whether the noise comes from random.c here (else the sampler's torch loop draws it)."""
+    return _library() is not None
+
+
+def seed_tensor(seeds: list[int]) -> torch.Tensor:
+    """``seeds`` (each in [0, 2^64), as ``manual_seed`` takes them) as an int64 tensor holding their
+    uint64 bits, the form ``uniform_rows_from`` reads."""
+    bad = [s for s in seeds if not 0 <= s < 1 << 64]
+    if bad:
+        raise ValueError(f"generator seeds must lie in [0, 2^64), got {bad[:3]}")
+    return torch.tensor([s - (1 << 64) if s >= 1 << 63 else s for s in seeds], dtype=torch.int64)
+
+
+def uniform_rows_from(seeds: torch.Tensor, cols: int) -> torch.Tensor | None:
+    """``uniform_rows`` for seeds already in a contiguous int64 CPU tensor (``seed_tensor``): what a
+    step graph replays, reading the seeds from memory (kernels/step_graph.py)."""
+    library = _library()
+    if library is None:
+        return None
+    if seeds.dtype != torch.int64 or seeds.dim() != 1 or not seeds.is_contiguous() or seeds.device != CPU:
+        what = f"{seeds.dtype} {tuple(seeds.shape)}"
+        raise ValueError(f"seeds must be a contiguous 1-D int64 CPU tensor, got {what}")
+    out = torch.empty(seeds.shape[0], cols, dtype=torch.float32, device=CPU)
+    if out.numel():
+        library.zm_uniform_rows(seeds.data_ptr(), seeds.shape[0], cols, out.data_ptr())
+    return out
+
+
 def uniform_rows(seeds: list[int], cols: int) -> torch.Tensor | None:
     """fp32 ``[len(seeds), cols]``: row r is ``torch.Generator().manual_seed(seeds[r])``'s first
     ``cols`` draws of ``uniform_``; None when the native library does not build here. Seeds are
     non-negative and below 2^64 (as ``manual_seed`` takes them)."""
-    library = _library()
-    if library is None:
+    if _library() is None:
         return None
-    bad = [s for s in seeds if not 0 <= s < 1 << 64]
-    if bad:
-        raise ValueError(f"generator seeds must lie in [0, 2^64), got {bad[:3]}")
-    out = torch.empty(len(seeds), cols, dtype=torch.float32, device=CPU)
-    if out.numel():
-        # uint64 through an int64 tensor: the same 8 bytes
-        signed = torch.tensor([s - (1 << 64) if s >= 1 << 63 else s for s in seeds], dtype=torch.int64)
-        library.zm_uniform_rows(signed.data_ptr(), len(seeds), cols, out.data_ptr())
-    return out
+    return uniform_rows_from(seed_tensor(seeds), cols)
