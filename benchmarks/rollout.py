@@ -76,6 +76,18 @@ def make_engine(model, kernels: str, prompts, enforce_eager: bool = False) -> LL
     )
 
 
+def check_outputs(outputs, new_tokens: int) -> None:
+    """A timed generate must have produced every token: a request that ended in an engine error
+    would make the run shorter and its tokens/s meaningless (found in review: an instrumented run
+    whose steps failed reported 3 steps)."""
+    for output in outputs:
+        if output.finish_reason == "error" or len(output.token_ids) != new_tokens:
+            raise RuntimeError(
+                f"request {output.request_id} ended {output.finish_reason!r} after {len(output.token_ids)} "
+                f"of {new_tokens} tokens: {output.error or 'no error message'}"
+            )
+
+
 def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: float) -> tuple[float, int, dict]:
     llm = make_engine(model, kernels, prompts)
     params = SamplingParams(temperature=temperature, max_tokens=new_tokens, seed=1)
@@ -83,6 +95,7 @@ def time_engine(model, kernels: str, prompts, new_tokens: int, temperature: floa
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
+    check_outputs(outputs, new_tokens)
     usage = {**usage_since(before), "step_graphs": llm.runner.graphs.stats()}
     return elapsed, sum(len(o.token_ids) for o in outputs), usage
 

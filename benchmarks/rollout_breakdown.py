@@ -42,6 +42,7 @@ from rollout import (  # noqa: E402
     WARM_UP_TOKENS,
     add_workload_arguments,
     build_hf_model,
+    check_outputs,
     make_engine,
     make_prompts,
     run_rotating,
@@ -71,6 +72,19 @@ class _Timers:
         self.current = "bookkeeping"
 
 
+class _TimedCalls:
+    """Stands in for a callable object: calls go through ``timed``, attributes to the object."""
+
+    def __init__(self, inner, timed) -> None:
+        self._inner, self._timed = inner, timed
+
+    def __call__(self, *args, **kwargs):
+        return self._timed(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
 @contextlib.contextmanager
 def _instrumented(llm: LLM, timers: _Timers):
     """Timers around ``llm``'s step phases and every native library entry point, removed on exit."""
@@ -95,7 +109,11 @@ def _instrumented(llm: LLM, timers: _Timers):
                     timers.phase[outer] -= elapsed
                 timers.current = outer
 
-        setattr(owner, name, timed)
+        # a callable object (the sampler) stays an object with its own attributes (a step-graph
+        # capture calls its ``race``); only its calls are timed
+        setattr(
+            owner, name, timed if callable(getattr(inner, "__func__", None)) else _TimedCalls(inner, timed)
+        )
 
     library = _build.library()
     names = [n for n in _build.ENTRY_POINTS if hasattr(library, n)]
@@ -171,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             outputs = llm.generate(prompts, params)
             seconds = time.perf_counter() - start
+        check_outputs(outputs, args.new_tokens)
         extra = {**usage_since(before), "steps": llm.num_steps, "step_graphs": llm.runner.graphs.stats()}
         if instrument:
             extra["phase_seconds"] = dict(timers.phase)
