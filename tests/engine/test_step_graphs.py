@@ -2,6 +2,8 @@
 engine's bits, the trainer still recomputes them bitwise, and what a replay cannot repeat refuses
 the capture instead of being replayed as a constant."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -49,6 +51,8 @@ CASES = [
     pytest.param("tiny-deepseek-v3", "bf16", "fp8", id="deepseek-bf16-fp8", marks=pytest.mark.slow),
     pytest.param("tiny-qwen3", "bf16", "nvfp4", id="qwen3-bf16-nvfp4", marks=pytest.mark.slow),
     pytest.param("tiny-deepseek-v3", "fp32", None, id="deepseek-fp32", marks=pytest.mark.slow),
+    pytest.param("tiny-nemotron-h", "fp32", None, id="nemotron-fp32"),
+    pytest.param("tiny-nemotron-h", "bf16", "nvfp4", id="nemotron-bf16-nvfp4", marks=pytest.mark.slow),
 ]
 
 
@@ -243,3 +247,55 @@ def test_a_native_status_that_changes_at_replay_raises_replay_diverged():
         table[0, 1] = 99  # outside the cache's 4 blocks
         with pytest.raises(ReplayDiverged, match="zm_attention"):
             graph.replay()
+
+
+@pytest.mark.native
+def test_an_activation_dtype_lm_head_is_replayed_too():
+    """S2 fix 4's stock head (a GEMM in the activation dtype, upcast after) inside the graph."""
+    model = build_preset("tiny-qwen3", NATIVE, torch.bfloat16, 0)
+    results = []
+    for enforce_eager in (False, True):
+        llm = LLM(model, NATIVE, dtype=torch.bfloat16, max_num_seqs=4, block_size=4,
+                  lm_head_precision="activation", enforce_eager=enforce_eager)  # fmt: skip
+        outputs = llm.generate(_prompts(4, 5), SamplingParams(**GRAPH_SAMPLES, max_tokens=10, seed=2))
+        results.append(_tokens_and_logprobs(outputs))
+        if not enforce_eager:
+            assert llm.runner.graphs.replays > 0
+            assert all(entry.step.tokens is not None for entry in llm.runner.graphs.graphs.values())
+    assert results[0][0] == results[1][0] and torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-nemotron-h"])
+def test_a_diverged_replay_reruns_eagerly_unless_recurrent_state_was_updated(preset):
+    """A replay whose native call returns another status than at capture (made so here by editing the
+    status the graph expects of its first native call) turns graphs off. A transformer's step reruns
+    eagerly and the generate ends as an eager engine's would; a hybrid's Mamba2 state was already
+    updated by the partial replay, so its step's requests end with the error instead."""
+    from zeromismatch.kernels.step_graph import _call_native
+
+    model = build_preset(preset, NATIVE, torch.float32, 0)
+    params = SamplingParams(**GRAPH_SAMPLES, max_tokens=10, seed=4)
+    llm = LLM(model, NATIVE, max_num_seqs=4, block_size=4)
+    ids = [llm.add_request(p, params) for p in _prompts(4, 6)]
+    while not llm.runner.graphs.graphs:
+        llm.step()
+    entry = next(iter(llm.runner.graphs.graphs.values()))
+    index = next(i for i, (call, _) in enumerate(entry.graph.records) if call is _call_native)
+    function, args, status, name = entry.graph.records[index][1]
+    entry.graph.records[index] = (_call_native, (function, args, "another status", name))
+    finished = {}
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        while llm.has_unfinished():
+            finished.update((o.request_id, o) for o in llm.step() if o.finished)
+    stats = llm.runner.graphs.stats()
+    assert not stats["enabled"] and "at capture" in stats["disabled_reason"]
+    outputs = [finished[i] for i in ids]
+    if preset == "tiny-qwen3":
+        expected = LLM(model, NATIVE, max_num_seqs=4, block_size=4, enforce_eager=True).generate(
+            _prompts(4, 6), params
+        )
+        assert _tokens_and_logprobs(outputs)[0] == _tokens_and_logprobs(expected)[0]
+    else:
+        assert all(o.finish_reason == "error" and "diverged" in o.error for o in outputs)

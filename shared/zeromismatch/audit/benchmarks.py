@@ -298,8 +298,12 @@ def _rollout_breakdowns(bench_dir: Path) -> list[str]:
         # every other phase have taken their time (negative: a forward of pure C would still miss)
         forward_outside = phases["forward"].number() - native["forward"].number()
         forward_allowed = budget - in_c - (outside - forward_outside)
+        # (files written before step graphs have no eager engine)
+        eager = [f"{data[key].positive():.2f}" if data.has(key) else "-"
+                 for key in ("ratio_engine_eager_over_hf", "ratio_step_graphs_over_eager")]  # fmt: skip
         rows.append(
-            f"| {preset} | `{name}` | {data['ratio_engine_over_hf'].positive():.2f} | {step:.3f} | "
+            f"| {preset} | `{name}` | {data['ratio_engine_over_hf'].positive():.2f} | {' | '.join(eager)} | "
+            f"{step:.3f} | "
             f"{budget:.3f} | {in_c:.3f} | {outside:.3f} | {budget - in_c:.3f} | {forward_outside:.3f} | "
             f"{forward_allowed:.3f} |"
         )
@@ -321,11 +325,14 @@ def _rollout_breakdowns(bench_dir: Path) -> list[str]:
             "and what the budget leaves for the time outside C; then the forward's own time outside C "
             "(the model code's Python and torch ops) and what the budget leaves it once the C kernels and "
             "every other phase have taken theirs (negative: a forward with no time outside C would still "
-            "miss the target).",
+            "miss the target). The engine replays captured decode steps (step graphs; `enforce_eager=True` "
+            "turns them off: the eager engine's ratios are the second and third columns); a replayed "
+            "step's forward phase includes the lm_head and the sampler's race when the graph samples too.",
             "",
-            f"| preset | file | engine ÷ HF | ms/step | {target}× HF budget | in C | outside C "
-            "| budget left outside C | forward outside C | budget left for it |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| preset | file | engine ÷ HF | eager engine ÷ HF | graphs ÷ eager | ms/step "
+            f"| {target}× HF budget | in C | outside C | budget left outside C | forward outside C "
+            "| budget left for it |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
             "Each phase of a step, ms (inside C in brackets):",

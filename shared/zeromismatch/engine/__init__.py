@@ -2,9 +2,10 @@
 
 Layers: request types (request.py, sampling_params.py) -> scheduler.py (continuous
 batching, chunked prefill) -> kv_cache.py (paged blocks, version-keyed prefix cache)
--> runner.py (packed forward) -> sampler.py (one sampling definition, per-request
-seeds) -> llm.py (``LLM``: generate, step API, update_weights), tp.py (tensor
-parallel engine in spawned gloo workers).
+-> runner.py (packed forward; step_graphs.py replays captured decode steps, as vLLM
+replays CUDA graphs) -> sampler.py (one sampling definition, per-request seeds) ->
+llm.py (``LLM``: generate, step API, update_weights), tp.py (tensor parallel engine in
+spawned gloo workers).
 """
 
 from .llm import LLM

@@ -6,7 +6,9 @@ written to its slots (``slot_mapping``) and its queries attend to the whole cont
 through the block table (``kv_lens`` = computed + new). Only the last row of chunks
 that reach their request's last known token is projected to logits (fp32, through the
 model's ``compute_logits``, or an activation-dtype head when ``lm_head_precision`` asks for
-it) and sampled.
+it) and sampled. A step whose chunks are all one decode token is served by a step graph
+when one is captured for its layout (``step_graphs.py``: the same ops replayed, so the same
+bits; ``LLM(enforce_eager=True)`` turns graphs off).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ replayed after (``kernels/step_graph.py`` says what is recorded and why a replay
 forward's bits). This is the engine side of vLLM's CUDA graphs, with vLLM's switch:
 ``LLM(..., enforce_eager=True)`` turns it off.
 
-- **Which steps.** Steps whose every chunk is one decode token, on a single-process engine whose
-  model keeps no recurrent state (a replay that diverges is rerun eagerly, which would apply a
-  Mamba2 state update twice). Prefill and chunked prefill always run eagerly.
+- **Which steps.** Steps whose every chunk is one decode token, on a single-process engine (a
+  tensor-parallel rank's collectives are not recorded). Prefill and chunked prefill always run
+  eagerly.
 - **What a graph covers.** The model's forward, and -- when every row reports processed logprobs,
   no row has 0 < temperature < 1 and the noise comes from the native library -- the lm_head and
   the sampler's race too (``Sampler.race``: processed logprobs, each row's noise from its stream
@@ -32,7 +32,10 @@ forward's bits). This is the engine side of vLLM's CUDA graphs, with vLLM's swit
 - **Refusal.** A capture that did something a replay cannot repeat (a host read of tensor data, a
   random op: the default and pure-torch aligned kernel sets read lengths on the host) turns graphs
   off for this runner, with the reason in ``disabled_reason``; so does a replay whose native call
-  returns another status than at capture (``ReplayDiverged``), after which the step reruns eagerly.
+  returns another status than at capture (``ReplayDiverged``), after which the step reruns eagerly
+  -- unless the model keeps recurrent state (Mamba2 conv/SSM): the partial replay has already
+  updated it, a rerun would update it twice, so the step raises instead and its requests end with
+  that error (``LLM.step`` reports it per request).
 """
 
 from __future__ import annotations
@@ -91,8 +94,8 @@ class DecodeGraphs:
         self.graphs: dict[tuple, _Entry] = {}
         self.seen: dict[tuple, int] = {}
         self.captures = self.replays = 0
-        if self.enabled and any(state is not None for state in cache.ssm_state + cache.conv_state):
-            self.disable("the model keeps recurrent (conv/SSM) state, which a rerun would update twice")
+        #: whether a step whose replay diverged can be rerun eagerly (no recurrent state to update twice)
+        self.rerunnable = all(state is None for state in cache.ssm_state + cache.conv_state)
 
     def disable(self, why: str) -> None:
         self.enabled = False
@@ -139,6 +142,11 @@ class DecodeGraphs:
             entry.graph.replay()
         except ReplayDiverged as err:
             self.disable(str(err))
+            if not self.rerunnable:
+                raise RuntimeError(
+                    f"a replayed decode step diverged ({err}) after updating the model's recurrent state, "
+                    "which an eager rerun would update twice: the step's requests end here"
+                ) from err
             return None
         self.replays += 1
         return entry.step

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from ..host_reads import host_reads_for_checks
 from .dense import silu
 
 #: tokens per block whose h-independent terms (and readout) are computed together; no numeric effect
@@ -61,7 +62,8 @@ def _check_cu(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError("cu_seqlens must be a 1-D offsets tensor [S+1] with S >= 1")
     cu = cu_seqlens.to(torch.int64)
-    offsets = cu.tolist()  # one conversion: a decode step's ops are a few microseconds each
+    with host_reads_for_checks():  # (a step graph's replay skips the check)
+        offsets = cu.tolist()  # one conversion: a decode step's ops are a few microseconds each
     if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
         raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={total}, got {offsets}")
     return cu
