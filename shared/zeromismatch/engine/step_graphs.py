@@ -6,40 +6,50 @@ forward's bits). This is the engine side of vLLM's CUDA graphs, with vLLM's swit
 - **Which steps.** Steps whose every chunk is one decode token, on a single-process engine (a
   tensor-parallel rank's collectives are not recorded). Prefill and chunked prefill always run
   eagerly.
-- **What a graph covers.** The model's forward, and -- when every row reports processed logprobs,
-  no row has 0 < temperature < 1 and the noise comes from the native library -- the lm_head and
-  the sampler's race too (``Sampler.race``: processed logprobs, each row's noise from its stream
-  seed, argmax), so a replay returns the tokens and their logprobs. With such a temperature the
-  eager sampler checks ``logits / t`` for overflow on the host every step, which a replay would
-  skip, so there the graph stops at the hidden states and the sampler runs eagerly.
+- **What a graph covers.** The model's forward, and -- when every row has the same (temperature,
+  top_k, top_p), reports processed logprobs, has no temperature in (0, 1), and the noise comes
+  from the native library -- the lm_head and the sampler's race too (``Sampler.race``: processed
+  logprobs, each row's noise from its stream seed, argmax), so a replay returns the tokens and
+  their logprobs. With such a temperature the eager sampler checks ``logits / t`` for overflow on
+  the host every step, which a replay would skip; rows with different parameters would need a
+  graph per mix (found in review: slower than eager with per-row random temperatures). There the
+  graph stops at the hidden states and the sampler runs eagerly.
 - **Keys.** A graph is keyed on ``(num_tokens, num_seqs, block-table width)``, the thread count,
-  inference mode and, when it samples, every row's (temperature, top_k, top_p) by value (the
+  inference mode and, when it samples, the rows' shared (temperature, top_k, top_p) by value (the
   sampler's top-k / top-p plan is built from them at capture). The block table is padded to a
   power of two (at least ``MIN_WIDTH``) columns, so a growing context needs a new graph only when
   its width doubles: the kernels read a sequence's blocks only below its kv_len, so padding
   changes no bit (tested). Each step's input ids, positions, slots, lengths, block table and noise
   seeds are copied into the graph's input tensors before the replay.
-- **Warm-up.** A key's first step runs eagerly (it fills the packed-weight and rope-table caches,
-  whose building the capture would otherwise record); the second is captured (the capture run is
-  that step's real forward); later ones copy the step's batch into the graph's input tensor and
-  replay.
-- **Staleness.** The graphs read weights and the KV cache by address. Before a replay the graph's
-  guard checks every parameter and buffer of the model for replacement or an in-place change
-  (``update_weights`` copies in place); a failed guard drops every graph, and capture starts over
-  with a warm-up. ``ModelRunner.reset_cache`` (a new KV cache) drops them too.
+- **Warm-up.** A key's first step runs eagerly (it fills the packed-weight and rope-table caches);
+  the second is captured (the capture run is that step's real forward); later ones replay. A
+  capture that still had to pack weights is retaken at the key's next step, up to
+  ``MAX_CAPTURES_PER_KEY`` tries: weights packed anew at every call (MoE experts dequantized from
+  FP8 / NVFP4 at every step) are then repacked by the graph too, as by the eager step.
+- **Memory.** A graph holds its own intermediates: at most ``MAX_GRAPHS`` graphs and
+  ``MAX_GRAPH_BYTES`` of them together, least recently used dropped first; a graph larger than
+  that on its own is not kept (its key runs eagerly).
+- **Staleness.** The graphs read weights and the KV cache by address. Before every graph step a
+  guard (``kernels/step_graph.py::Guard``) checks the weights the graphs were captured against, as
+  the eager kernels' caches do on every call; a change (``update_weights`` copies in place; a
+  ``.data`` assignment; ``clear_packed_weights``) drops every graph, and capture starts over with
+  a warm-up. ``ModelRunner.reset_cache`` (a new KV cache) drops them too.
 - **Cost.** The first capture in a process imports ``torch._dynamo`` (about a second; entering a
-  ``TorchDispatchMode`` needs it); later captures take a few milliseconds.
-- **Refusal.** A capture that did something a replay cannot repeat (a host read of tensor data, a
-  random op: the default and pure-torch aligned kernel sets read lengths on the host) turns graphs
-  off for this runner, with the reason in ``disabled_reason``; so does a replay whose native call
-  returns another status than at capture (``ReplayDiverged``), after which the step reruns eagerly
-  -- unless the model keeps recurrent state (Mamba2 conv/SSM): the partial replay has already
-  updated it, a rerun would update it twice, so the step raises instead and its requests end with
-  that error (``LLM.step`` reports it per request).
+  ``TorchDispatchMode`` needs it); later captures take a few milliseconds. The guard costs ~25 us
+  a step for tiny-qwen3's 52 tensors.
+- **Refusal and divergence.** A capture that did something a replay cannot repeat (a host read of
+  tensor data, a random op: the default and pure-torch aligned kernel sets read lengths on the
+  host) turns graphs off for this runner, with the reason in ``disabled_reason``. A replay whose
+  native call returns another status than at capture (``ReplayDiverged``: a rope position past
+  the native table, a bad block id) gives up that graph's key (``stats()["keys_given_up"]``) and
+  the step reruns eagerly -- unless the model keeps recurrent state (Mamba2 conv/SSM): the partial
+  replay has already updated it, a rerun would update it twice, so the step raises instead and its
+  requests end with that error (``LLM.step`` reports it per request).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -51,10 +61,15 @@ from .sampler import mix_seed, sampling_tensors
 
 #: the narrowest padded block table (columns)
 MIN_WIDTH = 16
-#: graphs kept per runner (the oldest is dropped past this)
+#: graphs kept per runner, and the memory their own tensors may take together (intermediates: a
+#: graph that samples holds ~17 fp32 [rows, vocab] tensors); the least recently used goes first
 MAX_GRAPHS = 32
+MAX_GRAPH_BYTES = 1 << 30
 #: eager steps of a key before it is captured
 WARMUP_STEPS = 1
+#: captures of a key that had to build packed weights (retaken once the cache is warm) before the
+#: key is given up
+MAX_CAPTURES_PER_KEY = 3
 
 
 @dataclass
@@ -91,8 +106,11 @@ class DecodeGraphs:
     def __init__(self, enabled: bool, cache: ModelCache):
         self.enabled = bool(enabled)
         self.disabled_reason: str | None = None if enabled else "enforce_eager"
-        self.graphs: dict[tuple, _Entry] = {}
-        self.seen: dict[tuple, int] = {}
+        self.graphs: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently used first
+        self.seen: dict[tuple, int] = {}  # steps (eager or captured) of keys without a graph
+        self.given_up: dict[tuple, str] = {}  # keys that run eagerly for good, and why
+        self.guard: Guard | None = None  # the weights every graph was captured against
+        self.builds_persist = False  # captures keep building packed weights (see ``_capture``)
         self.captures = self.replays = 0
         #: whether a step whose replay diverged can be rerun eagerly (no recurrent state to update twice)
         self.rerunnable = all(state is None for state in cache.ssm_state + cache.conv_state)
@@ -105,43 +123,58 @@ class DecodeGraphs:
     def clear(self) -> None:
         self.graphs.clear()
         self.seen.clear()
+        self.guard = None
+        self.builds_persist = False
+
+    @property
+    def graph_bytes(self) -> int:
+        return sum(entry.graph.private_bytes for entry in self.graphs.values())
 
     def stats(self) -> dict:
         return {
             "enabled": self.enabled,
             "disabled_reason": self.disabled_reason,
             "graphs": len(self.graphs),
+            "graph_bytes": self.graph_bytes,
             "captures": self.captures,
             "replays": self.replays,
+            "keys_given_up": dict(self.given_up),
         }
 
     def forward(self, runner, chunks) -> GraphStep | None:
         if not self.enabled or any(chunk.num_tokens != 1 or not chunk.samples for chunk in chunks):
             return None
+        if self.guard is not None and not self.guard.holds():
+            self.clear()  # weights changed: every graph reads stale packed weights, and warm-ups restart
         requests = [chunk.request for chunk in chunks]
         width = padded_width(max(len(request.block_ids) for request in requests))
         values, layout = runner.batch_values(chunks, width)
         sampling = _sampling_key([request.params for request in requests])
         key = (layout, torch.get_num_threads(), torch.is_inference_mode_enabled(), sampling)
-        entry = self.graphs.get(key)
-        if entry is not None and not entry.guard.holds():
-            self.clear()  # weights changed: every graph reads stale packed weights
-            entry = None
         seeds = None
         if sampling is not None:
             seeds = native_random.seed_tensor([mix_seed(r.seed, len(r.output_token_ids)) for r in requests])
+        entry = self.graphs.get(key)
         if entry is None:
+            if key in self.given_up:
+                return None
+            if len(self.seen) > 4 * MAX_GRAPHS:  # (keys that come once, e.g. a shrinking batch's)
+                self.seen.clear()
             self.seen[key] = self.seen.get(key, 0) + 1
             if self.seen[key] <= WARMUP_STEPS:
                 return None
             return self._capture(runner, key, values, layout, requests, seeds)
+        self.graphs.move_to_end(key)
         entry.base.copy_(torch.tensor(values, dtype=torch.int64))
         if seeds is not None:
             entry.seeds.copy_(seeds)
         try:
             entry.graph.replay()
         except ReplayDiverged as err:
-            self.disable(str(err))
+            # e.g. a rope position past the native table, which the eager step handles: this key runs
+            # eagerly from now on
+            del self.graphs[key]
+            self.given_up[key] = str(err)
             if not self.rerunnable:
                 raise RuntimeError(
                     f"a replayed decode step diverged ({err}) after updating the model's recurrent state, "
@@ -166,28 +199,51 @@ class DecodeGraphs:
             processed, tokens = runner.sampler.race(runner.compute_logits(hidden), *params, seeds)
             return GraphStep(batch, hidden, tokens, processed.gather(1, tokens.view(-1, 1)).view(-1))
 
-        graph, result = capture(step)
+        guard = Guard(model)
+        # what native calls may read without an aten op passing it: the weights (guarded), the
+        # step's inputs and the cache
+        state = cache.k_cache + cache.v_cache + cache.conv_state + cache.ssm_state
+        inputs = [base] + ([seeds] if seeds is not None else []) + [t for t in state if t is not None]
+        graph, result = capture(step, held=guard.held() + inputs)
         self.captures += 1
+        # A capture that packed weights (a cold or evicted cache entry) would repack them at every
+        # replay: its step's result stands (it ran for real) and the key is captured again next
+        # time. Weights packed anew at every call (MoE experts stacked from quantized weights at
+        # every step) keep building: after a few tries the graph repacks them too, as the eager
+        # step does, and later keys accept that at once (until the weights change: ``clear``).
+        if graph.cache_builds and not self.builds_persist:
+            if self.seen[key] < WARMUP_STEPS + MAX_CAPTURES_PER_KEY:
+                return result
+            self.builds_persist = True
         if graph.refused is not None:
             self.disable(f"capture refused: {graph.refused}")
             return result  # the capture run was this step's eager forward
+        if graph.private_bytes > MAX_GRAPH_BYTES:
+            self.given_up[key] = f"the graph would hold {graph.private_bytes} bytes (limit {MAX_GRAPH_BYTES})"
+            return result
         graph.keep.extend(t for t in (result.tokens, result.logprobs) if t is not None)
-        if len(self.graphs) >= MAX_GRAPHS:
-            self.graphs.pop(next(iter(self.graphs)))
-        self.graphs[key] = _Entry(graph, base, seeds, result, Guard(model))
+        while self.graphs and (
+            len(self.graphs) >= MAX_GRAPHS or self.graph_bytes + graph.private_bytes > MAX_GRAPH_BYTES
+        ):
+            self.graphs.popitem(last=False)
+        self.graphs[key] = _Entry(graph, base, seeds, result, guard)
+        self.seen.pop(key, None)
+        if self.guard is None:
+            self.guard = guard
         return result
 
 
 def _sampling_key(params) -> tuple | None:
-    """The rows' sampling parameters by value, when the graph can sample too: every row reports
-    processed logprobs, the noise comes from the native library, and no row has 0 < temperature < 1
-    (dividing by such a temperature can overflow, which the eager sampler checks on the host, every
-    step); else None, and the graph stops at the hidden states."""
-    if not native_random.available():
+    """The rows' shared (temperature, top_k, top_p), when the graph can sample too: every row has the
+    same ones and reports processed logprobs, the noise comes from the native library, and the
+    temperature is not in (0, 1) (dividing by such a temperature can overflow, which the eager
+    sampler checks on the host, every step); else None, and the graph stops at the hidden states."""
+    first = params[0]
+    if first.logprobs_mode != "processed" or 0 < first.temperature < 1 or not native_random.available():
         return None
-    key = []
+    key = (first.temperature, first.top_k, first.top_p)
     for p in params:
-        if p.logprobs_mode != "processed" or 0 < p.temperature < 1:
+        # rows with different parameters: a forward-only graph (a key per mix would multiply captures)
+        if p is not first and (p.logprobs_mode != "processed" or (p.temperature, p.top_k, p.top_p) != key):
             return None
-        key.append((p.temperature, p.top_k, p.top_p))
-    return tuple(key)
+    return key

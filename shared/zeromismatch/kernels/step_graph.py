@@ -7,44 +7,63 @@ recorded list of the step's data-writing operations skips all of that.
 
 Capture runs ``fn()`` for real (its result is this step's result) while recording, in order:
 - every call into the native library (``kernels/native/_build.py``'s entry points), with its exact
-  arguments (raw addresses of tensors the graph keeps alive) and its return status;
+  arguments (raw addresses) and its return status;
 - every aten op below autograd (a ``TorchDispatchMode``): ops that write data are kept -- in-place
-  and ``out=`` ops as they were called, functional ops as a call whose result is copied into the
-  tensor the capture produced (so later records, which hold that tensor, read the new values);
-  views and ``empty`` allocations write nothing and are dropped.
-The graph holds every tensor the capture touched, so no address it recorded is ever reused.
+  and ``out=`` ops as they were called, functional ops through their ``out=`` overload writing the
+  tensor the capture produced (checked once to give the captured bytes) or as a call and a copy
+  into it, so later records, which hold that tensor, read the new values; views and ``empty``
+  allocations write nothing and are dropped.
 Replay runs the records in order. Each op is the same function on the same shapes and the same
 memory, so a replay gives the bits the eager forward gives for the same inputs (tests compare them
 with ``torch.equal``, and the engine's parity chain runs with graphs on).
 
-What cannot be recorded refuses the capture (``graph.refused`` says why; the caller runs eagerly): reading
-tensor data on the host (``.item()``, ``int(t)``, ``bool(t)``, ``.tolist()``, ``.numpy()``, creating
-a tensor from Python values), because a value read at capture would be replayed as a constant;
-random ops; ops whose output shape depends on data. Kernel code that reads data only to *check* it
-(and raise) marks the read with ``host_reads_for_checks()``; a replay skips those checks, so its
-caller must hand it inputs that passed them at capture's shapes (the engine builds them itself).
-A native call whose status at replay differs from capture's (e.g. zm_rope missing its table, or a
-bad block id) raises ``ReplayDiverged`` and the caller reruns the step eagerly, which raises the
-proper error or takes the fallback the eager path takes.
+Memory. The graph holds every tensor the capture touched, every value the packed-weight cache
+handed out during it (``aligned/gemm.py``: weight panels, rope tables, dequantized weights, which
+native calls read by address), and the tensors the caller names in ``held`` (weights and inputs
+that reach native calls without an aten op). At the end of a capture every pointer argument of
+every native call must lie inside one of them, else the capture is refused: nothing a replay
+reads or writes can have been freed and reused. (Found in review: the packed panels were read by
+address without being held, and a cleared or evicting cache freed them under the graph.)
 
-Graphs are bound to shapes, dtypes, thread count and the memory of their inputs: the caller keys
-them on those and copies new inputs into the captured input tensors before ``replay()``. They also
-read weights by address (packed GEMM panels): ``Guard`` records every parameter's identity and
-in-place version, and a graph whose guard fails must be dropped and recaptured.
+What cannot be recorded refuses the capture (``graph.refused`` says why and where; the caller runs
+eagerly): reading tensor data on the host (``.item()``, ``int(t)``, ``bool(t)``, ``.tolist()``,
+``.numpy()``, creating a tensor from Python values), because a value read at capture would be
+replayed as a constant; random ops; ops whose output shape depends on data. Kernel code that reads
+data only to *check* it (and raise) marks the read with ``host_reads_for_checks()``; a replay skips
+those checks, so its caller must hand it inputs that passed them at capture's shapes (the engine
+builds them itself). ``host_reads_of_graph_constants()`` marks reads of values the caller's key
+fixes. A native call whose status at replay differs from capture's (e.g. zm_rope past its table, or
+a bad block id) raises ``ReplayDiverged``: the caller reruns the step eagerly, which raises the
+proper error or takes the fallback the eager path takes. A capture that had to build packed
+weights says so (``cache_builds``): its records rebuild them at every replay.
 
-Capture patches ``_build.library`` and ``torch.Tensor.tolist``/``numpy`` for its duration: capture
-from one thread at a time (the engine is single-threaded).
+Staleness. Graphs are bound to shapes, dtypes, thread count and the memory of their inputs: the
+caller keys them on those and copies new inputs into the captured input tensors before
+``replay()``. They read weights by address: ``Guard`` snapshots what the eager kernels' caches
+re-check on every call -- each parameter, buffer, tensor attribute and quantized weight by owner
+and name, in-place version, address, shape, stride and dtype, holding the storages so no new one
+can take an old address, plus the packed-weight cache's generation (``clear_packed_weights``) --
+and a graph whose guard fails must be dropped.
+
+Capture patches ``_build.library`` and ``torch.Tensor.tolist``/``numpy`` process-wide for its
+duration; only the capturing thread's calls are recorded or checked, and ``torch._dynamo`` (which
+the dispatch mode imports, and which keeps references to Tensor's methods) is imported first.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
+import importlib
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .aligned.gemm import packed_weights
+from .base import QuantizedWeight
 from .host_reads import host_reads_for_checks, reading_for_checks
 from .native import _build
 
@@ -138,6 +157,8 @@ class _Recorder(TorchDispatchMode):
         # every tensor stays alive with the graph: records hold raw addresses into some of them
         graph.keep.extend(inputs)
         graph.keep.extend(outputs)
+        if func in _ALLOCATIONS:
+            graph.note_private(outputs)
         if reading_for_checks() or func in _ALLOCATIONS:
             return
         unusual = [t.layout for t in inputs + outputs if t.layout is not torch.strided]
@@ -156,6 +177,7 @@ class _Recorder(TorchDispatchMode):
                 graph.refuse(f"{func} returned a {type(out).__name__} to Python at capture")
             return
         graph.records.append(_functional_record(func, args, kwargs, out))
+        graph.note_private(outputs)
 
 
 def _call_op(func, args, kwargs) -> None:
@@ -227,7 +249,8 @@ class _RecordingLibrary:
 
         def record(*args):
             status = function(*args)
-            if not reading_for_checks():
+            # (another thread's calls go through unrecorded: the patch is process-wide)
+            if getattr(_active, "graph", None) is graph and not reading_for_checks():
                 graph.records.append((_call_native, (function, args, status, name)))
             return status
 
@@ -241,23 +264,58 @@ def _call_native(function, args, status, name) -> None:
 
 
 class Guard:
-    """Every parameter and buffer of ``module`` by owner, name, identity and in-place version."""
+    """What a step graph read by address and the eager kernels re-check on every call: each
+    parameter, buffer, plain tensor attribute and quantized weight of ``module`` (by owner and
+    name, identity, in-place version, address, storage, shape, stride and dtype), and the
+    packed-weight cache's generation (``clear_packed_weights``: writes that bypass the version
+    counter). ``holds()`` is False once any of them changed."""
 
     def __init__(self, module: torch.nn.Module):
-        self.entries = [
-            (owner, table, name, tensor, tensor._version)
-            for owner in module.modules()
-            for table in (owner._parameters, owner._buffers)
-            for name, tensor in table.items()
-            if tensor is not None
-        ]
+        self.generation = packed_weights().generation
+        self.owners = []  # (attribute dict, name, value): replacement
+        self.tensors = []  # (tensor, its state): in-place and storage changes
+        for owner in module.modules():
+            for table in (owner._parameters, owner._buffers, vars(owner)):
+                for name, value in table.items():
+                    tensors = _guarded_tensors(value)
+                    if tensors:
+                        self.owners.append((table, name, value))
+                        self.tensors.extend((t, _tensor_state(t)) for t in tensors)
+        # the storages as they are now, kept alive: a tensor given new storage (``w.data = ...``)
+        # cannot get the old address back, so its address tells the change
+        self.storages = [t.untyped_storage() for t, _ in self.tensors]
+
+    def held(self) -> list[torch.Tensor]:
+        return [tensor for tensor, _state in self.tensors]
 
     def holds(self) -> bool:
-        """True while no parameter or buffer was replaced or changed in place since capture."""
-        for _owner, table, name, tensor, version in self.entries:
-            if table.get(name) is not tensor or tensor._version != version:
+        if packed_weights().generation != self.generation:
+            return False
+        for table, name, value in self.owners:
+            if table.get(name) is not value:
+                return False
+        for tensor, state in self.tensors:
+            if _tensor_state(tensor) != state:
                 return False
         return True
+
+
+def _tensor_state(t: torch.Tensor) -> tuple:
+    # (not the storage: a new storage has a new address while the guard holds the old one)
+    return (t._version, t.data_ptr(), t.shape, t.stride(), t.dtype)
+
+
+def _guarded_tensors(value) -> list[torch.Tensor]:
+    """The tensors a module attribute holds: itself, a QuantizedWeight's, or those of a dict or list
+    of them (MoE experts' quantized weights)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, QuantizedWeight):
+        return [t for t in (value.data, value.scales, value.global_scale) if t is not None]
+    if isinstance(value, dict | list | tuple):
+        items = value.values() if isinstance(value, dict) else value
+        return [t for item in items for t in _guarded_tensors(item)]
+    return []
 
 
 def _caller() -> str:
@@ -273,9 +331,23 @@ class StepGraph:
 
     def __init__(self):
         self.records: list[tuple[Callable, tuple]] = []
-        self.keep: list[torch.Tensor] = []
+        #: every tensor (and packed-weight value) the capture touched: records hold their addresses
+        self.keep: list[object] = []
         self.refused: str | None = None
+        #: packed weights built during the capture (a cache miss): its records rebuild them at every
+        #: replay, so the caller should capture again once the cache is warm
+        self.cache_builds = 0
+        self.private_bytes = 0  # bytes of the tensors the capture allocated (the graph's own memory)
+        self._private: set[int] = set()
         self.replays = 0
+        self.thread = threading.get_ident()
+
+    def note_private(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self._private:
+                self._private.add(storage.data_ptr())
+                self.private_bytes += storage.nbytes()
 
     def refuse(self, why: str) -> None:
         if self.refused is None:
@@ -295,35 +367,86 @@ class StepGraph:
         return len(self.records)
 
 
-def _tracked_host_read(original, graph: StepGraph, what: str):
+#: the graph this thread is capturing (the patched host reads and the native proxy look it up, so
+#: nothing they are bound to holds a graph after its capture)
+_active = threading.local()
+
+
+def _tracked_host_read(original, what: str):
     def read(self, *args, **kwargs):
-        if not reading_for_checks():
+        graph = getattr(_active, "graph", None)
+        if graph is not None and not reading_for_checks():
             graph.refuse(f"Tensor.{what}() at capture")
         return original(self, *args, **kwargs)
 
     return read
 
 
-def capture(fn: Callable[[], object]) -> tuple[StepGraph, object]:
+def _uncovered_pointer(graph: StepGraph) -> str | None:
+    """The first native call argument pointing outside every tensor the graph keeps, if any: a
+    replay would read or write memory that may be freed and reused (checked once, at capture)."""
+    spans = {}
+    for t in _tensors(graph.keep):
+        storage = t.untyped_storage()
+        spans[storage.data_ptr()] = max(spans.get(storage.data_ptr(), 0), storage.nbytes())
+    starts = sorted(spans)
+    for call, args in graph.records:
+        if call is not _call_native:
+            continue
+        _function, values, _status, name = args
+        signature = _build.SIGNATURES[name][0]
+        for kind, value in zip(signature, values):
+            if kind != "p" or not value:
+                continue
+            i = bisect.bisect_right(starts, value) - 1
+            if i < 0 or value > starts[i] + spans[starts[i]]:
+                return f"native {name} reads address {value:#x}, which no tensor the capture kept holds"
+    return None
+
+
+def capture(fn: Callable[[], object], held: Iterable[torch.Tensor] = ()) -> tuple[StepGraph, object]:
     """Run ``fn()`` once for real while recording it; returns the graph and ``fn``'s result.
 
     Recording only watches, so the result is ``fn``'s eager result even when the graph is refused:
     then ``graph.refused`` says why and the graph must not be replayed. Must run without autograd
-    recording (``torch.no_grad``): a replay records no gradients."""
+    recording (``torch.no_grad``): a replay records no gradients. ``held``: tensors the caller keeps
+    alive and watches itself (a model's weights under a ``Guard``), which native calls may read
+    without passing them through an aten op; the graph holds them too. A native call that points
+    outside every tensor the graph holds refuses the capture."""
     if torch.is_grad_enabled():
         raise RuntimeError("step_graph.capture needs torch.no_grad(): a replay records no gradients")
+    # entering a TorchDispatchMode imports torch._dynamo (~1 s, once), which snapshots Tensor's
+    # methods: import it before they are patched, or it keeps the patched ones (found in review)
+    importlib.import_module("torch._dynamo")
+
     graph = StepGraph()
+    graph.keep.extend(held)
     library = _build.library()
     saved_library, saved_tolist, saved_numpy = _build.library, torch.Tensor.tolist, torch.Tensor.numpy
     recording = _RecordingLibrary(library, graph)
+    cache = packed_weights()
+
+    def watch(value, built: bool) -> None:
+        if getattr(_active, "graph", None) is graph:
+            graph.keep.append(value)  # native calls read packed values by address
+            graph.cache_builds += built
+
     _build.library = lambda *a, **k: recording if not (a or k) else saved_library(*a, **k)
-    torch.Tensor.tolist = _tracked_host_read(saved_tolist, graph, "tolist")
-    torch.Tensor.numpy = _tracked_host_read(saved_numpy, graph, "numpy")
+    torch.Tensor.tolist = _tracked_host_read(saved_tolist, "tolist")
+    torch.Tensor.numpy = _tracked_host_read(saved_numpy, "numpy")
+    cache.watchers.append(watch)
+    _active.graph = graph
     try:
         with _Recorder(graph):
             result = fn()
     finally:
+        _active.graph = None
+        cache.watchers.remove(watch)
         _build.library = saved_library
         torch.Tensor.tolist, torch.Tensor.numpy = saved_tolist, saved_numpy
     graph.keep.extend(_tensors(result))
+    if graph.refused is None:
+        uncovered = _uncovered_pointer(graph)
+        if uncovered is not None:
+            graph.refused = uncovered
     return graph, result

@@ -175,6 +175,16 @@ class _PackedWeights:
         #: (id(weight), tag) -> (weakref, version, pointer, shape, stride, dtype, storage weakref,
         #: value): lookup_one's front, emptied by every change to ``entries`` except an insertion
         self.front: dict[tuple, tuple] = {}
+        #: bumped by ``clear()``: a step graph (kernels/step_graph.py) holding packed values drops them
+        self.generation = 0
+        #: called with (value, built) on every lookup that returns a value; a step-graph capture
+        #: keeps what its native calls read, and retakes a capture that had to build something
+        self.watchers: list[Callable[[object, bool], None]] = []
+
+    def _notify(self, value, built: bool):
+        for watcher in self.watchers:
+            watcher(value, built)
+        return value
 
     def _invalidate_front(self) -> None:
         self.front.clear()
@@ -209,12 +219,14 @@ class _PackedWeights:
                 alive = alive and ref() is root
             if alive:
                 self.entries.move_to_end(key)  # most recently used goes last
-                return hit[3]
+                return self._notify(hit[3], False) if self.watchers else hit[3]
             del self.entries[key]
             self.nbytes -= hit[2]
             self._invalidate_front()
         with torch.no_grad():
             value, nbytes = build()
+        if self.watchers:
+            self._notify(value, True)
         if nbytes > self.budget_bytes // 4:  # one huge weight would evict everything else
             return value
         while self.entries and self.nbytes + nbytes > self.budget_bytes:
@@ -249,7 +261,7 @@ class _PackedWeights:
             and not (weight.requires_grad and torch.is_grad_enabled())
             and self.budget_bytes > 0
         ):
-            return front[7]
+            return self._notify(front[7], False) if self.watchers else front[7]
         value = self.lookup((weight,), tag, build)
         if value is None:
             return None
@@ -284,6 +296,7 @@ class _PackedWeights:
         # would keep the cleared values alive (and reachable) until the garbage collector runs
         old, self.entries = self.entries, OrderedDict()
         self.nbytes = 0
+        self.generation += 1
         self._invalidate_front()
         old.clear()
 
@@ -300,6 +313,11 @@ _PACKED = _PackedWeights(_budget_from_env())
 #: ``cached_from_weights((weight,), tag, build)`` by the cache's cheaper one-weight lookup (bound
 #: once: a module-level wrapper costs a frame per decode-step GEMM)
 cached_from_weight = _PACKED.lookup_one
+
+
+def packed_weights() -> _PackedWeights:
+    """The process's packed-weight cache (step graphs watch its lookups and its generation)."""
+    return _PACKED
 
 
 def clear_packed_weights() -> None:
