@@ -49,7 +49,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.sampler = Sampler(kernels)
         self.cache: ModelCache = model.allocate_cache(num_blocks, block_size, max_num_seqs)
-        self.graphs = DecodeGraphs(step_graphs, self.cache)
+        self.graphs = DecodeGraphs(step_graphs, self.cache, model)
 
     def reset_cache(self) -> None:
         """Fresh cache tensors (e.g. after a weight update with a different dtype)."""

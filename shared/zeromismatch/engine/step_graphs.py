@@ -103,7 +103,7 @@ class DecodeGraphs:
     """Step graphs of one runner (module docstring); ``forward`` returns None for a step it does
     not serve, and the runner then runs the step eagerly."""
 
-    def __init__(self, enabled: bool, cache: ModelCache):
+    def __init__(self, enabled: bool, cache: ModelCache, model=None):
         self.enabled = bool(enabled)
         self.disabled_reason: str | None = None if enabled else "enforce_eager"
         self.graphs: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently used first
@@ -114,6 +114,8 @@ class DecodeGraphs:
         self.captures = self.replays = 0
         #: whether a step whose replay diverged can be rerun eagerly (no recurrent state to update twice)
         self.rerunnable = all(state is None for state in cache.ssm_state + cache.conv_state)
+        if self.enabled and not isinstance(model, torch.nn.Module):
+            self.disable("the model is not a torch.nn.Module, whose weights a guard could watch")
 
     def disable(self, why: str) -> None:
         self.enabled = False
