@@ -9,7 +9,8 @@ Engine side. The real engine (``zeromismatch.engine.LLM``: scheduler with contin
 batching and chunked prefill, paged block manager, model runner) serves the prompts with
 staggered arrivals (one new request per step), so prefills, prefill chunks and decodes of
 different requests share forwards as they do in a rollout. Two instance-level substitutions
-make it deterministic and attributable, and nothing else is changed: the runner's sampler is
+make it deterministic and attributable, and nothing else is changed (but the engine runs every
+step eagerly, ``enforce_eager=True``, so each kernel call is made and seen): the runner's sampler is
 replaced by ``ForcedSampler``, which "samples" the given response token and reports its
 logprob through ``engine.sampler.token_logprobs`` (the function the real sampler and the
 trainer both use; for processed logprobs it is the same ``processed_log_softmax`` + gather
@@ -201,6 +202,9 @@ def run_rollout_side(config: BisectConfig, prompts, responses, params) -> SideRu
         enable_prefix_caching=False,
         block_size=config.block_size,
         num_blocks=total_blocks + 1,
+        # every step eager: the recorder must see each kernel call of each step, and the forced
+        # sampler must draw each token (a step graph replays its calls and samples inside itself)
+        enforce_eager=True,
     )
     runner = llm.runner
     runner.sampler = ForcedSampler(recorder, responses)
