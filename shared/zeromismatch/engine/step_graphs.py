@@ -67,8 +67,8 @@ MAX_GRAPHS = 32
 MAX_GRAPH_BYTES = 1 << 30
 #: eager steps of a key before it is captured
 WARMUP_STEPS = 1
-#: captures of a key that had to build packed weights (retaken once the cache is warm) before the
-#: key is given up
+#: tries at a capture that packs no weights (each retaken at the key's next step) before one that
+#: does is kept: then the packing is part of every step, as in the eager engine (``_capture``)
 MAX_CAPTURES_PER_KEY = 3
 
 
