@@ -431,3 +431,26 @@ def test_a_graph_over_the_memory_limit_is_not_kept(monkeypatch):
     stats = llm.runner.graphs.stats()
     assert stats["replays"] == 0 and stats["captures"] >= 1 and stats["graphs"] == 0
     assert all("limit 1000" in why for why in stats["keys_given_up"].values())
+
+
+@pytest.mark.native
+def test_graphs_go_off_when_the_weights_change_before_any_replay():
+    """An RL loop with short rollouts and an update per step only pays for captures (found running
+    the DeepSeek mini's aligned-native arm: its rollouts got slower)."""
+    model = build_preset("tiny-qwen3", NATIVE, torch.float32, 0)
+    llm = LLM(model, NATIVE, max_num_seqs=4, block_size=4)
+    weights = model.state_dict_hf()
+    for round_ in range(step_graphs.MAX_FRUITLESS_ROUNDS + 1):
+        llm.generate(_prompts(4, round_), SamplingParams(**GRAPH_SAMPLES, max_tokens=3, seed=round_))
+        llm.update_weights(weights)  # copied in place: every graph is stale
+    stats = llm.runner.graphs.stats()
+    assert stats["replays"] == 0 and stats["captures"] == step_graphs.MAX_FRUITLESS_ROUNDS
+    assert not stats["enabled"] and "before any graph was replayed" in stats["disabled_reason"]
+    # a round with a replay starts the count again
+    llm = LLM(model, NATIVE, max_num_seqs=4, block_size=4)
+    for round_ in range(step_graphs.MAX_FRUITLESS_ROUNDS + 1):
+        llm.generate(
+            _prompts(4, round_), SamplingParams(**GRAPH_SAMPLES, max_tokens=3 + 3 * (round_ % 2), seed=1)
+        )
+        llm.update_weights(weights)
+    assert llm.runner.graphs.stats()["enabled"] and llm.runner.graphs.replays > 0

@@ -33,7 +33,10 @@ forward's bits). This is the engine side of vLLM's CUDA graphs, with vLLM's swit
   guard (``kernels/step_graph.py::Guard``) checks the weights the graphs were captured against, as
   the eager kernels' caches do on every call; a change (``update_weights`` copies in place; a
   ``.data`` assignment; ``clear_packed_weights``) drops every graph, and capture starts over with
-  a warm-up. ``ModelRunner.reset_cache`` (a new KV cache) drops them too.
+  a warm-up. ``ModelRunner.reset_cache`` (a new KV cache) drops them too. When the weights change
+  ``MAX_FRUITLESS_ROUNDS`` times in a row before any graph is replayed (an RL loop with short
+  rollouts and an update per step), graphs go off for the engine: each round only paid for
+  captures.
 - **Cost.** The first capture in a process imports ``torch._dynamo`` (about a second; entering a
   ``TorchDispatchMode`` needs it); later captures take a few milliseconds. The guard costs ~25 us
   a step for tiny-qwen3's 52 tensors.
@@ -67,6 +70,8 @@ MAX_GRAPHS = 32
 MAX_GRAPH_BYTES = 1 << 30
 #: eager steps of a key before it is captured
 WARMUP_STEPS = 1
+#: weight changes in a row before any replay after which graphs go off (``forward``)
+MAX_FRUITLESS_ROUNDS = 3
 #: tries at a capture that packs no weights (each retaken at the key's next step) before one that
 #: does is kept: then the packing is part of every step, as in the eager engine (``_capture``)
 MAX_CAPTURES_PER_KEY = 3
@@ -112,6 +117,8 @@ class DecodeGraphs:
         self.guard: Guard | None = None  # the weights every graph was captured against
         self.builds_persist = False  # captures keep building packed weights (see ``_capture``)
         self.captures = self.replays = 0
+        self.round_replays = 0  # ``replays`` when the current weights' graphs began
+        self.fruitless_rounds = 0  # weight changes in a row that came before any replay
         #: whether a step whose replay diverged can be rerun eagerly (no recurrent state to update twice)
         self.rerunnable = all(state is None for state in cache.ssm_state + cache.conv_state)
         if self.enabled and not isinstance(model, torch.nn.Module):
@@ -147,7 +154,18 @@ class DecodeGraphs:
         if not self.enabled or any(chunk.num_tokens != 1 or not chunk.samples for chunk in chunks):
             return None
         if self.guard is not None and not self.guard.holds():
-            self.clear()  # weights changed: every graph reads stale packed weights, and warm-ups restart
+            # weights changed: every graph reads stale packed weights, and warm-ups restart. An RL loop
+            # that updates the weights before its graphs were ever replayed (short rollouts) only pays
+            # for captures: after a few such rounds in a row, graphs go off for this engine.
+            self.fruitless_rounds = self.fruitless_rounds + 1 if self.replays == self.round_replays else 0
+            self.clear()
+            if self.fruitless_rounds >= MAX_FRUITLESS_ROUNDS:
+                self.disable(
+                    f"the weights changed {MAX_FRUITLESS_ROUNDS} times in a row before any graph was "
+                    "replayed: captures cost more than they save here"
+                )
+                return None
+            self.round_replays = self.replays
         requests = [chunk.request for chunk in chunks]
         width = padded_width(max(len(request.block_ids) for request in requests))
         values, layout = runner.batch_values(chunks, width)
