@@ -275,8 +275,11 @@ class Guard:
         self.owners = []  # (attribute dict, name, value): replacement
         self.tensors = []  # (tensor, its state): in-place and storage changes
         for owner in module.modules():
-            for table in (owner._parameters, owner._buffers, vars(owner)):
+            attributes = vars(owner)
+            for table in (owner._parameters, owner._buffers, attributes):
                 for name, value in table.items():
+                    if table is attributes and name in _MODULE_TABLES:
+                        continue  # (the tables themselves: each tensor is guarded once)
                     tensors = _guarded_tensors(value)
                     if tensors:
                         self.owners.append((table, name, value))
@@ -298,6 +301,10 @@ class Guard:
             if _tensor_state(tensor) != state:
                 return False
         return True
+
+
+#: the module's own tables in ``vars(module)``: their tensors are guarded through the tables
+_MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 
 
 def _tensor_state(t: torch.Tensor) -> tuple:

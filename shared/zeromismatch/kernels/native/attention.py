@@ -53,10 +53,16 @@ class _Plan:
         self.q_start, self.q_len, self.kv_len = q_start, q_len, kv_len
 
 
-def _plan_from(cu_q: list[int], kv_list: list[int], **index) -> _Plan:
+def _check_keys_cover_queries(cu_q: list[int], kv_list: list[int]) -> list[int]:
+    """Each sequence's query count (from the offsets), checked against its key count."""
     lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
     if any(n > kv for n, kv in zip(lens, kv_list)):
         raise ValueError("every sequence needs kv_len >= q_len (this step's keys must be included)")
+    return lens
+
+
+def _plan_from(cu_q: list[int], kv_list: list[int], **index) -> _Plan:
+    lens = _check_keys_cover_queries(cu_q, kv_list)
 
     def i64(values):
         return torch.tensor(values, dtype=torch.int64)
@@ -168,8 +174,7 @@ def paged_attention(
             raise ValueError(f"kv_lens must be >= 0, got {kv_list}")
         if any(n > block_table.shape[1] * cache_block for n in kv_list):
             raise ValueError("kv_lens exceed the blocks in block_table")
-        if any(b - a > kv for a, b, kv in zip(cu_q, cu_q[1:], kv_list)):
-            raise ValueError("every sequence needs kv_len >= q_len (this step's keys must be included)")
+        _check_keys_cover_queries(cu_q, kv_list)
         cu = cu_seqlens_q.to(torch.int64)
         # the kernel checks the block id of every position below kv_len against the cache (status -2)
         return _Plan(
