@@ -174,7 +174,38 @@ class ReferenceKernels(KernelSet):
             out[t] = acc
         return out
 
-    def causal_conv1d(self, x, weight, bias, cu_seqlens, conv_state=None, activation="silu"):
+    @staticmethod
+    def _through_slots(store, state_slots, has_initial_state, run):
+        """The per-slot contract (KernelSet.causal_conv1d): gather the rows (zeros where fresh), run,
+        write the final states back in place and return the store."""
+        if state_slots is None:
+            return run(store)
+        initial = store[state_slots].clone()
+        if has_initial_state is not None:
+            initial[~has_initial_state] = 0
+        y, final = run(initial)
+        store[state_slots] = final.to(store.dtype)
+        return y, store
+
+    def causal_conv1d(
+        self,
+        x,
+        weight,
+        bias,
+        cu_seqlens,
+        conv_state=None,
+        activation="silu",
+        state_slots=None,
+        has_initial_state=None,
+    ):
+        return self._through_slots(
+            conv_state,
+            state_slots,
+            has_initial_state,
+            lambda state: self._causal_conv1d(x, weight, bias, cu_seqlens, state, activation),
+        )
+
+    def _causal_conv1d(self, x, weight, bias, cu_seqlens, conv_state, activation):
         width = weight.shape[1]
         outs, states = [], []
         for s in range(cu_seqlens.numel() - 1):
@@ -186,7 +217,29 @@ class ReferenceKernels(KernelSet):
             states.append(padded[:, -(width - 1) :])
         return torch.cat(outs), torch.stack(states)
 
-    def ssm_scan(self, x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state=None, dt_limit=(0.0, float("inf"))):
+    def ssm_scan(
+        self,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        dt_bias,
+        cu_seqlens,
+        ssm_state=None,
+        dt_limit=(0.0, float("inf")),
+        state_slots=None,
+        has_initial_state=None,
+    ):
+        return self._through_slots(
+            ssm_state,
+            state_slots,
+            has_initial_state,
+            lambda state: self._ssm_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, state, dt_limit),
+        )
+
+    def _ssm_scan(self, x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state, dt_limit):
         heads, head_dim = x.shape[1], x.shape[2]
         groups, state_size = B.shape[1], B.shape[2]
         rep = heads // groups

@@ -74,8 +74,11 @@ def _slice_rows(op: str, args: dict, rows: torch.Tensor) -> dict:
 
 
 def _run(op: str, kernels: str, args: dict) -> list[torch.Tensor]:
+    # on copies: an engine call may update a store in place (the per-slot Mamba2 states), and the
+    # recorded arguments must stay what the call saw -- for the next run and for the saved repro
+    fresh = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     with torch.no_grad():
-        return row_outputs(op, getattr(get_kernels(kernels), op)(**args))
+        return row_outputs(op, getattr(get_kernels(kernels), op)(**fresh))
 
 
 def _rows_differ(a: list[torch.Tensor], b: list[torch.Tensor], a_rows, b_rows) -> bool:

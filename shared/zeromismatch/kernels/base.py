@@ -217,10 +217,16 @@ class KernelSet(ABC):
         cu_seqlens: torch.Tensor,
         conv_state: torch.Tensor | None = None,
         activation: str = "silu",
+        state_slots: torch.Tensor | None = None,
+        has_initial_state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Depthwise causal conv over packed sequences. x ``[T, C]``, weight ``[C, W]``.
         conv_state ``[S, C, W-1]`` holds each sequence's previous W-1 inputs (zeros for a
-        fresh sequence; None = all fresh). Returns (y ``[T, C]``, new_conv_state)."""
+        fresh sequence; None = all fresh). With ``state_slots`` (int64 ``[S]``), conv_state is
+        a per-slot store ``[N, C, W-1]`` (the engine's cache) and sequence s starts from row
+        ``state_slots[s]``, or from zeros where ``has_initial_state[s]`` (bool ``[S]``) is False:
+        the same values as passing that gather, read in place. Returns (y ``[T, C]``,
+        new_conv_state ``[S, C, W-1]``)."""
 
     @abstractmethod
     def ssm_scan(
@@ -235,12 +241,15 @@ class KernelSet(ABC):
         cu_seqlens: torch.Tensor,
         ssm_state: torch.Tensor | None = None,
         dt_limit: tuple[float, float] = (0.0, float("inf")),
+        state_slots: torch.Tensor | None = None,
+        has_initial_state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mamba2 selective scan over packed sequences.
 
         x ``[T, Hs, P]`` (heads, head dim), dt ``[T, Hs]`` (pre-softplus), A ``[Hs]`` (negative),
         B, C ``[T, G, N]`` (G groups, state size N; heads map to groups in order), D ``[Hs]``,
-        dt_bias ``[Hs]``, ssm_state ``[S, Hs, P, N]`` initial state per sequence (None = zeros).
+        dt_bias ``[Hs]``, ssm_state ``[S, Hs, P, N]`` initial state per sequence (None = zeros), or
+        with ``state_slots`` a per-slot store read as in :meth:`causal_conv1d`.
         Returns (y ``[T, Hs, P]``, final state ``[S, Hs, P, N]``). Aligned: running a sequence
         in one call, in chunks of any size, or one token at a time gives identical bits."""
 

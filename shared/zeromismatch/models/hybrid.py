@@ -78,30 +78,33 @@ class Mamba2Mixer(nn.Module):
         xbc = projected[:, inner : inner + conv]
         dt = projected[:, inner + conv :]
 
-        conv_state = ssm_state = None
+        conv_state = ssm_state = slots = None
         if ctx.engine:
-            slots = ctx.batch.state_slots
-            fresh = ~ctx.has_initial_state
-            conv_state = ctx.cache.conv_state[ctx.layer_index][slots].masked_fill(fresh[:, None, None], 0)
-            ssm_state = ctx.cache.ssm_state[ctx.layer_index][slots].masked_fill(fresh[:, None, None, None], 0)
+            # the kernels read each sequence's state from its cache slot (zeros if fresh) and write the
+            # new one back there, in place
+            conv_state, ssm_state = (
+                ctx.cache.conv_state[ctx.layer_index],
+                ctx.cache.ssm_state[ctx.layer_index],
+            )
+            slots = {"state_slots": ctx.batch.state_slots, "has_initial_state": ctx.has_initial_state}
 
-        xbc, new_conv_state = kern.causal_conv1d(
-            xbc.contiguous(), self.conv1d.weight[:, 0, :], self.conv1d.bias, cu, conv_state, activation="silu"
+        xbc, _ = kern.causal_conv1d(
+            xbc,  # (a column slice: the native conv reads its rows in place; the others copy it)
+            self.conv1d.weight[:, 0, :],
+            self.conv1d.bias,
+            cu,
+            conv_state,
+            activation="silu",
+            **(slots or {}),
         )
         group_width = self.n_groups * self.state_size
         xs = xbc[:, :inner].reshape(tokens, self.num_heads, self.head_dim)
         B = xbc[:, inner : inner + group_width].reshape(tokens, self.n_groups, self.state_size)
         C = xbc[:, inner + group_width :].reshape(tokens, self.n_groups, self.state_size)
         A = -torch.exp(self.A_log.float())
-        y, new_ssm_state = kern.ssm_scan(
-            xs, dt.contiguous(), A, B, C, self.D, self.dt_bias, cu, ssm_state, self.dt_limit
+        y, _ = kern.ssm_scan(
+            xs, dt, A, B, C, self.D, self.dt_bias, cu, ssm_state, self.dt_limit, **(slots or {})
         )
-        if ctx.engine:
-            slots = ctx.batch.state_slots
-            ctx.cache.conv_state[ctx.layer_index][slots] = new_conv_state.detach().to(
-                ctx.cache.conv_state[ctx.layer_index].dtype
-            )
-            ctx.cache.ssm_state[ctx.layer_index][slots] = new_ssm_state.detach().float()
         y = kern.gated_rms_norm(
             y.reshape(tokens, inner), gate, self.norm.weight, self.norm.eps, inner // self.n_groups
         )

@@ -89,9 +89,23 @@ def causal_conv1d(
     cu_seqlens: torch.Tensor,
     conv_state: torch.Tensor | None = None,
     activation: str = "silu",
+    state_slots: torch.Tensor | None = None,
+    has_initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv over packed sequences (see module docstring)."""
-    cu, width = check_conv(x, weight, bias, cu_seqlens, conv_state, activation)
+    cu, width = check_conv(
+        x, weight, bias, cu_seqlens, conv_state, activation, state_slots, has_initial_state
+    )
+    return through_slots(
+        conv_state,
+        state_slots,
+        has_initial_state,
+        lambda state: _causal_conv1d(x, weight, bias, cu, state, activation),
+    )
+
+
+def _causal_conv1d(x, weight, bias, cu, conv_state, activation) -> tuple[torch.Tensor, torch.Tensor]:
+    width = weight.shape[1]
     num_seqs, channels = cu.numel() - 1, x.shape[1]
     lens = cu[1:] - cu[:-1]
     max_len = int(lens.max())
@@ -136,7 +150,68 @@ def _conv_decode_step(x, weight, bias, conv_state, activation) -> tuple[torch.Te
     return acc.to(x.dtype).view(x.shape), new_state
 
 
-def check_conv(x, weight, bias, cu_seqlens, conv_state, activation) -> tuple[torch.Tensor, int]:
+def check_state_slots(store, state_slots, has_initial_state, num_seqs: int, name: str) -> None:
+    """With ``state_slots``, ``store`` holds one state per slot ``[N, ...]`` (the engine's cache):
+    sequence s starts from ``store[state_slots[s]]``, or from zeros where ``has_initial_state[s]`` is
+    False (None: every sequence has one), and its final state is written back to that row in place.
+    Without, ``store`` is the sequences' states ``[S, ...]``, which the op does not modify."""
+    if state_slots is None:
+        if has_initial_state is not None:
+            raise ValueError("has_initial_state needs state_slots (it marks rows of a per-slot store)")
+        return
+    if store is None:
+        raise ValueError(f"state_slots needs {name}: the per-slot store they index")
+    if (
+        not isinstance(state_slots, torch.Tensor)
+        or state_slots.dtype != torch.int64
+        or state_slots.shape != (num_seqs,)
+    ):
+        got = (
+            tuple(state_slots.shape) if isinstance(state_slots, torch.Tensor) else type(state_slots).__name__
+        )
+        raise ValueError(f"state_slots must be an int64 tensor [S={num_seqs}], got {got}")
+    if has_initial_state is not None and (
+        not isinstance(has_initial_state, torch.Tensor)
+        or has_initial_state.dtype != torch.bool
+        or has_initial_state.shape != (num_seqs,)
+    ):
+        raise ValueError(f"has_initial_state must be a bool tensor [S={num_seqs}]")
+    with host_reads_for_checks():  # (a step graph's replay skips the check: the engine builds the slots)
+        slots = state_slots.tolist()
+    outside = [slot for slot in slots if not 0 <= slot < store.shape[0]]
+    if outside:
+        raise ValueError(f"state_slots hold {outside[0]}, outside {name}'s slots 0..{store.shape[0] - 1}")
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"state_slots must be distinct (each sequence writes its own row), got {slots}")
+    if torch.is_grad_enabled() and store.requires_grad:
+        raise ValueError(f"state_slots update {name} in place, which autograd cannot record: use no_grad")
+
+
+def through_slots(store, state_slots, has_initial_state, run):
+    """``run(initial states)`` -> (y, final states); with ``state_slots`` the initial states are the
+    store's rows (``initial_states``) and the final states go back to those rows in place, and the
+    store is returned in their place (the per-slot contract of ``KernelSet.causal_conv1d``)."""
+    if state_slots is None:
+        return run(store)
+    y, final_states = run(initial_states(store, state_slots, has_initial_state))
+    store.index_copy_(0, state_slots, final_states.to(store.dtype))
+    return y, store
+
+
+def initial_states(store, state_slots, has_initial_state):
+    """The sequences' initial states (``check_state_slots`` says what the arguments are): a gather of
+    their slots, zeros where a sequence has none."""
+    if state_slots is None:
+        return store
+    states = store[state_slots]
+    if has_initial_state is None:
+        return states
+    return states.masked_fill(~has_initial_state.view(-1, *(1,) * (states.dim() - 1)), 0)
+
+
+def check_conv(
+    x, weight, bias, cu_seqlens, conv_state, activation, state_slots=None, has_initial_state=None
+) -> tuple[torch.Tensor, int]:
     if activation not in ("silu", None, "identity"):
         raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
@@ -147,12 +222,15 @@ def check_conv(x, weight, bias, cu_seqlens, conv_state, activation) -> tuple[tor
     if bias is not None and bias.shape != (x.shape[1],):
         raise ValueError(f"bias must be [C={x.shape[1]}], got {tuple(bias.shape)}")
     cu = _check_cu(cu_seqlens, x.shape[0])
-    if conv_state is not None and conv_state.shape != (cu.numel() - 1, x.shape[1], width - 1):
-        raise ValueError(f"conv_state must be [S, C, W-1], got {tuple(conv_state.shape)}")
+    check_state_slots(conv_state, state_slots, has_initial_state, cu.numel() - 1, "conv_state")
+    if conv_state is not None:
+        rows, what = (cu.numel() - 1, "S") if state_slots is None else (conv_state.shape[0], "slots")
+        if conv_state.shape != (rows, x.shape[1], width - 1):
+            raise ValueError(f"conv_state must be [{what}, C, W-1], got {tuple(conv_state.shape)}")
     return cu, width
 
 
-def check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state) -> torch.Tensor:
+def check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state, state_slots=None, has_initial_state=None):
     if x.dim() != 3:
         raise ValueError(f"x must be [T, Hs, P], got {tuple(x.shape)}")
     total, heads, head_dim = x.shape
@@ -167,8 +245,11 @@ def check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state) -> torch.Tenso
             f"B and C must be [T, G, N] with Hs % G == 0; got {tuple(B.shape)}, {tuple(C.shape)}"
         )
     cu = _check_cu(cu_seqlens, total)
-    if ssm_state is not None and ssm_state.shape != (cu.numel() - 1, heads, head_dim, B.shape[2]):
-        raise ValueError(f"ssm_state must be [S, Hs, P, N], got {tuple(ssm_state.shape)}")
+    check_state_slots(ssm_state, state_slots, has_initial_state, cu.numel() - 1, "ssm_state")
+    if ssm_state is not None:
+        rows, what = (cu.numel() - 1, "S") if state_slots is None else (ssm_state.shape[0], "slots")
+        if ssm_state.shape != (rows, heads, head_dim, B.shape[2]):
+            raise ValueError(f"ssm_state must be [{what}, Hs, P, N], got {tuple(ssm_state.shape)}")
     return cu
 
 
@@ -188,10 +269,21 @@ def ssm_scan(
     cu_seqlens: torch.Tensor,
     ssm_state: torch.Tensor | None = None,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
+    state_slots: torch.Tensor | None = None,
+    has_initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba2 selective scan in recurrent order (see module docstring)."""
-    cu = check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state)
+    cu = check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state, state_slots, has_initial_state)
     check_dt_limit(dt_limit)
+    return through_slots(
+        ssm_state,
+        state_slots,
+        has_initial_state,
+        lambda state: _ssm_scan(x, dt, A, B, C, D, dt_bias, cu, state, dt_limit),
+    )
+
+
+def _ssm_scan(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit) -> tuple[torch.Tensor, torch.Tensor]:
     num_seqs = cu.numel() - 1
     _, heads, head_dim = x.shape
     groups, state_size = B.shape[1], B.shape[2]

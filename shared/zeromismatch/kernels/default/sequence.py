@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..aligned.attention import gather_rows_reusing_buffer as _gather_rows
 from ..aligned.moe import check_experts
-from ..aligned.ssm import check_conv, check_scan
+from ..aligned.ssm import check_conv, check_scan, through_slots
 
 #: chunk length of the SSD prefill algorithm (Nemotron-H's config default)
 SSD_CHUNK = 128
@@ -198,9 +198,23 @@ def moe_experts(x, topk_weights, topk_ids, w_gate, w_up, w_down, activation="sil
 
 
 # ---- Mamba2 ------------------------------------------------------------------------------
-def causal_conv1d(x, weight, bias, cu_seqlens, conv_state=None, activation="silu"):
+def causal_conv1d(
+    x, weight, bias, cu_seqlens, conv_state=None, activation="silu", state_slots=None, has_initial_state=None
+):
     """Depthwise causal conv, stock path (see module docstring)."""
-    cu_t, width = check_conv(x, weight, bias, cu_seqlens, conv_state, activation)
+    cu_t, width = check_conv(
+        x, weight, bias, cu_seqlens, conv_state, activation, state_slots, has_initial_state
+    )
+    return through_slots(
+        conv_state,
+        state_slots,
+        has_initial_state,
+        lambda state: _causal_conv1d(x, weight, bias, cu_t, state, activation),
+    )
+
+
+def _causal_conv1d(x, weight, bias, cu_t, conv_state, activation):
+    width = weight.shape[1]
     cu = cu_t.tolist()
     num_seqs, channels = len(cu) - 1, x.shape[1]
     state = conv_state.to(x.dtype) if conv_state is not None else x.new_zeros(num_seqs, channels, width - 1)
@@ -220,9 +234,31 @@ def causal_conv1d(x, weight, bias, cu_seqlens, conv_state=None, activation="silu
     return torch.cat(ys).to(x.dtype), torch.stack(states)
 
 
-def ssm_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state=None, dt_limit=(0.0, float("inf"))):
+def ssm_scan(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    dt_bias,
+    cu_seqlens,
+    ssm_state=None,
+    dt_limit=(0.0, float("inf")),
+    state_slots=None,
+    has_initial_state=None,
+):
     """Mamba2 scan, stock path: recurrent step for an all-decode batch, chunked SSD otherwise."""
-    cu = check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state).tolist()
+    cu_t = check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state, state_slots, has_initial_state)
+    return through_slots(
+        ssm_state,
+        state_slots,
+        has_initial_state,
+        lambda state: _ssm_scan(x, dt, A, B, C, D, dt_bias, cu_t.tolist(), state, dt_limit),
+    )
+
+
+def _ssm_scan(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit):
     num_seqs, (_, heads, head_dim), state_size = len(cu) - 1, x.shape, B.shape[2]
     init = (
         ssm_state.float()

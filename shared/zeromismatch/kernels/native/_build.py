@@ -46,13 +46,13 @@ SHIM = _HERE / "pyshim.c"
 #: them; a test checks the fast-call module's signature strings against this table)
 SIGNATURES = {
     "zm_attention": ("pppiipLpLLpppLLLLLfpi", ctypes.c_int),
-    "zm_ssm_scan": ("ppppppppppppLLLLLffi", ctypes.c_int),
+    "zm_ssm_scan": ("ppppppppppppppLLLLLLLLLffi", ctypes.c_int),
     "zm_panel_gemm": ("pLpLLiLLLiipi", ctypes.c_int),
     "zm_panel_gemm_reduced": ("pLpLLiLLLipii", ctypes.c_int),  # (bf16_nan_bits -1: an fp32 output)
     "zm_rms_norm": ("piLLLLLLipifpii", None),
     "zm_rope": ("piLLLLLppLipi", ctypes.c_int),
     "zm_moe_experts": ("piLLppLLLipLLipLLipi", ctypes.c_int),
-    "zm_causal_conv1d": ("piLLpLppLpippi", ctypes.c_int),
+    "zm_causal_conv1d": ("piLLpLppLpppippi", ctypes.c_int),
     "zm_uniform_rows": ("pLLp", None),
     "zm_silu_mul": ("ppiLLLLpi", None),
     "zm_silu_mul_reference": ("ppLp", None),  # ctypes only: the tests' scalar rule

@@ -21,25 +21,19 @@
 
 #define MAX_TAPS 16
 
-/* item (= sequence * channel chunks + chunk) of zm_causal_conv1d (below) */
-static inline void conv_item(const void *x, int bf16, int64_t x_stride, int64_t channels, const float *weight,
-                             int64_t width, const float *bias, const int64_t *cu, const void *state, int silu, void *y,
-                             void *new_state, int64_t chunks, int64_t item) {
+/* one sequence's tokens for the 16 channels from c0 (n of them), taps w and bias b already loaded */
+static inline void conv_sequence(const void *x, int bf16, int64_t x_stride, int64_t channels, const v16 *w,
+                                 int64_t width, v16 b, int has_bias, int64_t start, int64_t len, const void *state,
+                                 int64_t state_row, int fresh, int silu, void *y, void *new_state, int64_t c0,
+                                 int64_t n) {
     const int64_t hist_len = width - 1;
-    const int64_t s = item / chunks, c0 = (item % chunks) * LANES, start = cu[s], len = cu[s + 1] - cu[s];
-    const int64_t n = channels - c0 < LANES ? channels - c0 : LANES;
-    v16 w[MAX_TAPS], hist[MAX_TAPS], b = {0};
-    for (int64_t i = 0; i < width; i++) {
-        w[i] = (v16){0};
-        for (int64_t l = 0; l < n; l++) w[i][l] = weight[(c0 + l) * width + i];
-    }
+    v16 hist[MAX_TAPS];
     for (int64_t i = 0; i < hist_len; i++) {
         hist[i] = (v16){0};
-        if (state)
-            for (int64_t l = 0; l < n; l++) hist[i][l] = zm_load(state, bf16, ((s * channels + c0 + l) * hist_len) + i);
+        if (!fresh)
+            for (int64_t l = 0; l < n; l++)
+                hist[i][l] = zm_load(state, bf16, ((state_row * channels + c0 + l) * hist_len) + i);
     }
-    if (bias)
-        for (int64_t l = 0; l < n; l++) b[l] = bias[c0 + l];
     for (int64_t t = 0; t < len; t++) {
         v16 xin = {0};
         const int64_t row = (start + t) * x_stride + c0;
@@ -50,33 +44,66 @@ static inline void conv_item(const void *x, int bf16, int64_t x_stride, int64_t 
         v16 acc = hist[0] * w[0];
         for (int64_t i = 1; i < hist_len; i++) acc = acc + hist[i] * w[i];
         acc = acc + xin * w[hist_len];
-        if (bias) acc = acc + b;
+        if (has_bias) acc = acc + b;
         if (silu) acc = zm_silu16(acc);
-        for (int64_t l = 0; l < n; l++)
-            zm_store(y, bf16, (start + t) * channels + c0 + l, acc[l]);
+        if (!bf16 && n == LANES)
+            memcpy((float *)y + (start + t) * channels + c0, &acc, sizeof acc);
+        else
+            for (int64_t l = 0; l < n; l++) zm_store(y, bf16, (start + t) * channels + c0 + l, acc[l]);
         for (int64_t i = 0; i + 1 < hist_len; i++) hist[i] = hist[i + 1];
         hist[hist_len - 1] = xin;
     }
     for (int64_t i = 0; i < hist_len; i++)
-        for (int64_t l = 0; l < n; l++) zm_store(new_state, bf16, ((s * channels + c0 + l) * hist_len) + i, hist[i][l]);
+        for (int64_t l = 0; l < n; l++)
+            zm_store(new_state, bf16, ((state_row * channels + c0 + l) * hist_len) + i, hist[i][l]);
+}
+
+/* item (= channel chunk) of zm_causal_conv1d (below): its 16 channels' taps loaded once, then every
+ * sequence */
+static void conv_chunk(const void *x, int bf16, int64_t x_stride, int64_t channels, const float *weight,
+                       int64_t width, const float *bias, const int64_t *cu, int64_t n_seq, const void *state,
+                       const int64_t *state_index, const uint8_t *has_state, int silu, void *y, void *new_state,
+                       int64_t chunk) {
+    const int64_t c0 = chunk * LANES, n = channels - c0 < LANES ? channels - c0 : LANES;
+    v16 w[MAX_TAPS], b = {0};
+    for (int64_t i = 0; i < width; i++) {
+        w[i] = (v16){0};
+        for (int64_t l = 0; l < n; l++) w[i][l] = weight[(c0 + l) * width + i];
+    }
+    if (bias)
+        for (int64_t l = 0; l < n; l++) b[l] = bias[c0 + l];
+    for (int64_t s = 0; s < n_seq; s++) {
+        /* the sequence's state row: its slot in a per-slot store, or row s; none (zeros) when fresh */
+        const int64_t state_row = state_index ? state_index[s] : s;
+        const int fresh = !state || (has_state && !has_state[s]);
+        conv_sequence(x, bf16, x_stride, channels, w, width, b, bias != NULL, cu[s], cu[s + 1] - cu[s], state,
+                      state_row, fresh, silu, y, new_state, c0, n);
+    }
 }
 
 /* x [T, C] (rows x_stride elements apart) and state [S, C, W-1] / new_state, y [T, C] (contiguous)
  * in one dtype (bf16 or fp32); weight fp32 [C, W]; bias fp32 [C] or NULL; state NULL = all fresh.
+ * With state_index (int64 [S], distinct), state and new_state are per-slot stores [N, C, W-1]
+ * (the engine's cache; they may be one buffer, updated in place) and sequence s reads and writes its
+ * row state_index[s]; has_state (bytes [S], or NULL = all) 0 marks a fresh sequence, which starts
+ * from zeros whatever its row holds. (An item reads its window before it writes it.)
  * 16 channels per step, lane for lane the scalar rule above (zm_silu16 == zm_silu per lane).
  * Returns 0, or 1 for a width above MAX_TAPS. */
 int zm_causal_conv1d(const void *x, int bf16, int64_t x_stride, int64_t channels, const float *weight,
                      int64_t width, const float *bias, const int64_t *cu, int64_t n_seq, const void *state,
-                     int silu, void *y, void *new_state, int n_threads) {
+                     const int64_t *state_index, const uint8_t *has_state, int silu, void *y, void *new_state,
+                     int n_threads) {
     if (width < 2 || width > MAX_TAPS) return 1;
     const int64_t chunks = (channels + LANES - 1) / LANES;
     if (zm_serial(n_threads, n_seq * channels, 1 << 14)) {
-        for (int64_t item = 0; item < n_seq * chunks; item++)
-            conv_item(x, bf16, x_stride, channels, weight, width, bias, cu, state, silu, y, new_state, chunks, item);
+        for (int64_t chunk = 0; chunk < chunks; chunk++)
+            conv_chunk(x, bf16, x_stride, channels, weight, width, bias, cu, n_seq, state, state_index, has_state,
+                       silu, y, new_state, chunk);
         return 0;
     }
 #pragma omp parallel for num_threads(n_threads) schedule(static)
-    for (int64_t item = 0; item < n_seq * chunks; item++)
-        conv_item(x, bf16, x_stride, channels, weight, width, bias, cu, state, silu, y, new_state, chunks, item);
+    for (int64_t chunk = 0; chunk < chunks; chunk++)
+        conv_chunk(x, bf16, x_stride, channels, weight, width, bias, cu, n_seq, state, state_index, has_state, silu,
+                   y, new_state, chunk);
     return 0;
 }

@@ -38,13 +38,16 @@ def causal_conv1d(
     cu_seqlens: torch.Tensor,
     conv_state: torch.Tensor | None = None,
     activation: str = "silu",
+    state_slots: torch.Tensor | None = None,
+    has_initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv over packed sequences by the conv.c rule (module docstring)."""
-    cu, width = aligned_ssm.check_conv(x, weight, bias, cu_seqlens, conv_state, activation)
+    slots = (state_slots, has_initial_state)
+    cu, width = aligned_ssm.check_conv(x, weight, bias, cu_seqlens, conv_state, activation, *slots)
     tensors = [t for t in (x, weight, bias, conv_state) if t is not None]
     if x.dtype not in _C_DTYPES or width > _MAX_TAPS:
-        return aligned_ssm.causal_conv1d(x, weight, bias, cu_seqlens, conv_state, activation)
-    require_cpu(*tensors, cu)  # cu too: the C reads its offsets from memory
+        return aligned_ssm.causal_conv1d(x, weight, bias, cu_seqlens, conv_state, activation, *slots)
+    require_cpu(*tensors, cu, *(t for t in slots if t is not None))  # the C reads cu and slots from memory
     num_seqs, channels = cu.numel() - 1, x.shape[1]
 
     def forward():
@@ -56,7 +59,10 @@ def causal_conv1d(
         state = None if conv_state is None else conv_state.detach().resolve_neg().to(x.dtype).contiguous()
         cu64 = cu.contiguous()
         y = torch.empty(x.shape[0], channels, dtype=x.dtype, device=CPU)
-        new_state = torch.empty(num_seqs, channels, width - 1, dtype=x.dtype, device=CPU)
+        if state_slots is None:
+            new_state = torch.empty(num_seqs, channels, width - 1, dtype=x.dtype, device=CPU)
+        else:  # the store's rows are updated in place (through a copy when it is not x's dtype)
+            new_state = state
         status = _build.library().zm_causal_conv1d(
             xs.data_ptr(),
             x.dtype == torch.bfloat16,
@@ -68,6 +74,8 @@ def causal_conv1d(
             cu64.data_ptr(),
             num_seqs,
             None if state is None else state.data_ptr(),
+            None if state_slots is None else state_slots.contiguous().data_ptr(),
+            None if has_initial_state is None else has_initial_state.contiguous().data_ptr(),
             activation == "silu",
             y.data_ptr(),
             new_state.data_ptr(),
@@ -75,12 +83,16 @@ def causal_conv1d(
         )
         if status != 0:  # unreachable: the width was checked above
             raise RuntimeError(f"zm_causal_conv1d refused conv width {width}")
-        return y, new_state
+        if state_slots is None:
+            return y, new_state
+        if new_state.data_ptr() != conv_state.data_ptr() or new_state.dtype != conv_state.dtype:
+            conv_state.copy_(new_state)
+        return y, conv_state
 
     def reference(x_, weight_, *optional):  # optional: bias, then conv_state, each when given
         rest = iter(optional)
         bias_ = None if bias is None else next(rest)
         state_ = None if conv_state is None else next(rest)
-        return aligned_ssm.causal_conv1d(x_, weight_, bias_, cu_seqlens, state_, activation)
+        return aligned_ssm.causal_conv1d(x_, weight_, bias_, cu_seqlens, state_, activation, *slots)
 
     return native_with_reference_backward(forward, reference, *tensors)

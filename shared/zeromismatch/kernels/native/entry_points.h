@@ -13,8 +13,9 @@ int zm_attention(const float *, const void *, const void *, int, int, const int6
                  int64_t, int64_t, const int64_t *, const int64_t *, const int64_t *, int64_t, int64_t, int64_t,
                  int64_t, int64_t, float, float *, int);
 int zm_ssm_scan(const float *, const float *, const float *, const float *, const float *, const float *,
-                const float *, const int64_t *, const int64_t *, const float *, float *, float *, int64_t, int64_t,
-                int64_t, int64_t, int64_t, float, float, int);
+                const float *, const int64_t *, const int64_t *, const float *, const int64_t *, const uint8_t *,
+                float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                float, float, int);
 void zm_rms_norm(const void *, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, const void *, int,
                  float, void *, int, int);
 int zm_rope(const void *, int, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t *, const float *, int64_t,
@@ -22,7 +23,7 @@ int zm_rope(const void *, int, int64_t, int64_t, int64_t, int64_t, int64_t, cons
 int zm_moe_experts(const void *, int, int64_t, int64_t, const int64_t *, const float *, int64_t, int64_t, int64_t,
                    int, const void *, int64_t, int64_t, int, const void *, int64_t, int64_t, int, float *, int);
 int zm_causal_conv1d(const void *, int, int64_t, int64_t, const float *, int64_t, const float *, const int64_t *,
-                     int64_t, const void *, int, void *, void *, int);
+                     int64_t, const void *, const int64_t *, const uint8_t *, int, void *, void *, int);
 void zm_uniform_rows(const uint64_t *, int64_t, int64_t, float *);
 int zm_panel_gemm_reduced(const void *, int64_t, const void *, int64_t, int64_t, int, int64_t, int64_t, int64_t, int,
                           void *, int, int);

@@ -14,7 +14,7 @@
 
 #include "entry_points.h"
 
-#define MAX_ARGS 24
+#define MAX_ARGS 32
 
 /* args -> a[] by sig: 'p' a pointer (int or None), 'i'/'L' an integer (__index__), 'f' a float (in f[]). */
 static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, const char *sig, int64_t *a,
@@ -57,6 +57,7 @@ static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, cons
  * for a function returning int) without the GIL; it returns rc, or None for a void function */
 #define DEFINE(NAME, SIG, STATEMENT, IS_VOID)                                                         \
     static const char sig_##NAME[] = SIG;                                                              \
+    _Static_assert(sizeof(SIG) - 1 <= MAX_ARGS, #NAME " takes more than MAX_ARGS arguments");         \
     static PyObject *py_##NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {              \
         int64_t a[MAX_ARGS];                                                                           \
         double f[MAX_ARGS];                                                                            \
@@ -77,9 +78,9 @@ DEFINE_INT(zm_panel_gemm_reduced, "pLpLLiLLLipii",
 DEFINE_INT(zm_attention, "pppiipLpLLpppLLLLLfpi",
            zm_attention(P(0), P(1), P(2), I(3), I(4), P(5), L(6), P(7), L(8), L(9), P(10), P(11), P(12), L(13),
                         L(14), L(15), L(16), L(17), F(18), P(19), I(20)))
-DEFINE_INT(zm_ssm_scan, "ppppppppppppLLLLLffi",
-           zm_ssm_scan(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), L(12), L(13), L(14),
-                       L(15), L(16), F(17), F(18), I(19)))
+DEFINE_INT(zm_ssm_scan, "ppppppppppppppLLLLLLLLLffi",
+           zm_ssm_scan(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12), P(13),
+                       L(14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), F(23), F(24), I(25)))
 DEFINE_VOID(zm_rms_norm, "piLLLLLLipifpii",
             zm_rms_norm(P(0), I(1), L(2), L(3), L(4), L(5), L(6), L(7), I(8), P(9), I(10), F(11), P(12), I(13),
                         I(14)))
@@ -88,9 +89,9 @@ DEFINE_INT(zm_rope, "piLLLLLppLipi",
 DEFINE_INT(zm_moe_experts, "piLLppLLLipLLipLLipi",
            zm_moe_experts(P(0), I(1), L(2), L(3), P(4), P(5), L(6), L(7), L(8), I(9), P(10), L(11), L(12), I(13),
                           P(14), L(15), L(16), I(17), P(18), I(19)))
-DEFINE_INT(zm_causal_conv1d, "piLLpLppLpippi",
-           zm_causal_conv1d(P(0), I(1), L(2), L(3), P(4), L(5), P(6), P(7), L(8), P(9), I(10), P(11), P(12),
-                            I(13)))
+DEFINE_INT(zm_causal_conv1d, "piLLpLppLpppippi",
+           zm_causal_conv1d(P(0), I(1), L(2), L(3), P(4), L(5), P(6), P(7), L(8), P(9), P(10), P(11), I(12), P(13),
+                            P(14), I(15)))
 DEFINE_VOID(zm_uniform_rows, "pLLp", zm_uniform_rows(P(0), L(1), L(2), P(3)))
 DEFINE_VOID(zm_silu_mul, "ppiLLLLpi", zm_silu_mul(P(0), P(1), I(2), L(3), L(4), L(5), L(6), P(7), I(8)))
 

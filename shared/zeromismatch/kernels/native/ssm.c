@@ -17,9 +17,13 @@
  * log = zm_log below; unlike torch's exp, zm_exp flushes to 0 below v = -87 (softplus values
  * under 1.7e-38, which torch still returns as subnormals).
  *
- * Layouts (all fp32, contiguous): x [T, Hs, P], dt [T, Hs], A, D, dt_bias [Hs], B and C
- * [T, G, N]; sequence s is rows start[s] .. start[s]+len[s]-1; state_in (or NULL for zeros)
- * and state_out [S, Hs, P, N]; y [T, Hs, P].
+ * Layouts (all fp32): x [T, Hs, P], dt [T, Hs], B and C [T, G, N], each contiguous within a token
+ * and x_row, dt_row, b_row, c_row elements from one token to the next (column slices of one
+ * projection, read in place); A, D, dt_bias [Hs]; sequence s is rows start[s] .. start[s]+len[s]-1; state_in (or NULL for zeros)
+ * and state_out [S, Hs, P, N]; y [T, Hs, P]. With state_index (int64 [S]), state_in is a per-slot
+ * store [N, Hs, P, N], and so is state_out (they may be one buffer, updated in place): sequence s
+ * reads and writes row state_index[s] (distinct); has_state (bytes [S], or NULL = all) 0 marks a
+ * fresh sequence, which starts from zeros.
  */
 #include <math.h>
 #include <stdint.h>
@@ -89,9 +93,10 @@ static inline float readout(const float *h, const float *c, int64_t n) {
 /* one zm_ssm_scan call's operands (below) */
 struct ssm_call {
     const float *x, *dt, *A, *B, *C, *D, *dt_bias, *state_in;
-    const int64_t *start, *len;
+    const int64_t *start, *len, *state_index;
+    const uint8_t *has_state;
     float *state_out, *y;
-    int64_t heads, head_dim, groups, n_state;
+    int64_t heads, head_dim, groups, n_state, x_row, dt_row, b_row, c_row;
     float dt_lo, dt_hi;
 };
 
@@ -101,21 +106,23 @@ static void ssm_item(const struct ssm_call *c, float *d_b, int64_t item) {
     const int64_t heads = c->heads, head_dim = c->head_dim, n_state = c->n_state, state_numel = head_dim * n_state;
     const int64_t s = item / heads, h = item % heads, g = h / (heads / c->groups);
     const float dt_lo = c->dt_lo, dt_hi = c->dt_hi;
-    float *st = c->state_out + item * state_numel; /* the state lives in the output buffer */
-    if (c->state_in)
-        memcpy(st, c->state_in + item * state_numel, sizeof(float) * state_numel);
-    else
+    const int64_t state_row = c->state_index ? c->state_index[s] : s, offset = (state_row * heads + h) * state_numel;
+    float *st = c->state_out + offset; /* the state lives in the output buffer */
+    if (c->state_in && !(c->has_state && !c->has_state[s])) {
+        if (c->state_in + offset != st) memcpy(st, c->state_in + offset, sizeof(float) * state_numel);
+    } else {
         memset(st, 0, sizeof(float) * state_numel);
+    }
     for (int64_t t = c->start[s]; t < c->start[s] + c->len[s]; t++) {
-        float d = softplus(c->dt[t * heads + h] + c->dt_bias[h]);
+        float d = softplus(c->dt[t * c->dt_row + h] + c->dt_bias[h]);
         /* torch.clamp(min, max): a nan value or a nan bound gives nan */
         d = d < dt_lo ? dt_lo : d;
         d = d > dt_hi ? dt_hi : d;
         if (dt_lo != dt_lo || dt_hi != dt_hi) d = NAN;
         const float decay = exp_any(d * c->A[h]);
-        const float *b = c->B + (t * c->groups + g) * n_state, *cr = c->C + (t * c->groups + g) * n_state;
+        const float *b = c->B + t * c->b_row + g * n_state, *cr = c->C + t * c->c_row + g * n_state;
         for (int64_t n = 0; n < n_state; n++) d_b[n] = d * b[n];
-        const float *xt = c->x + (t * heads + h) * head_dim;
+        const float *xt = c->x + t * c->x_row + h * head_dim;
         float *yt = c->y + (t * heads + h) * head_dim;
         for (int64_t p = 0; p < head_dim; p++) {
             float *row = st + p * n_state;
@@ -129,12 +136,14 @@ static void ssm_item(const struct ssm_call *c, float *d_b, int64_t item) {
 /* Returns 0, or -1 if scratch memory could not be allocated. */
 int zm_ssm_scan(const float *x, const float *dt, const float *A, const float *B, const float *C,
                 const float *D, const float *dt_bias, const int64_t *start, const int64_t *len,
-                const float *state_in, float *state_out, float *y, int64_t n_seq, int64_t heads,
-                int64_t head_dim, int64_t groups, int64_t n_state, float dt_lo, float dt_hi, int n_threads) {
+                const float *state_in, const int64_t *state_index, const uint8_t *has_state, float *state_out, float *y, int64_t n_seq, int64_t heads,
+                int64_t head_dim, int64_t groups, int64_t n_state, int64_t x_row, int64_t dt_row, int64_t b_row,
+                int64_t c_row, float dt_lo, float dt_hi, int n_threads) {
     const struct ssm_call c = {
         .x = x, .dt = dt, .A = A, .B = B, .C = C, .D = D, .dt_bias = dt_bias, .state_in = state_in,
-        .start = start, .len = len, .state_out = state_out, .y = y, .heads = heads,
-        .head_dim = head_dim, .groups = groups, .n_state = n_state, .dt_lo = dt_lo, .dt_hi = dt_hi,
+        .state_index = state_index, .has_state = has_state, .start = start, .len = len, .state_out = state_out, .y = y, .heads = heads,
+        .head_dim = head_dim, .groups = groups, .n_state = n_state, .x_row = x_row, .dt_row = dt_row,
+        .b_row = b_row, .c_row = c_row, .dt_lo = dt_lo, .dt_hi = dt_hi,
     };
     const size_t scratch = sizeof(float) * (n_state > 0 ? n_state : 1);
     if (zm_serial(n_threads, n_seq * heads, 2)) {
