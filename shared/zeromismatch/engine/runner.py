@@ -66,7 +66,7 @@ class ModelRunner:
         ``width`` pads the block table to that many columns (step graphs bucket it)."""
         bs = self.block_size
         input_ids, positions, slots, table = [], [], [], []
-        q_lens, kv_lens, state_slots, starts = [], [], [], []
+        q_lens, kv_lens, state_slots = [], [], []
         max_blocks = max(len(c.request.block_ids) for c in chunks)
         if width is not None:
             max_blocks = max(max_blocks, width)
@@ -85,7 +85,6 @@ class ModelRunner:
                 slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
             q_lens.append(n)
             kv_lens.append(end)
-            starts.append(start)
             table.extend(block_ids)
             if len(block_ids) < max_blocks:
                 table.extend([0] * (max_blocks - len(block_ids)))
@@ -93,7 +92,7 @@ class ModelRunner:
         cu = [0]
         for n in q_lens:
             cu.append(cu[-1] + n)
-        values = input_ids + positions + slots + cu + kv_lens + state_slots + starts + table
+        values = input_ids + positions + slots + cu + kv_lens + state_slots + table
         return values, (len(input_ids), len(chunks), max_blocks)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -147,8 +146,8 @@ class ModelRunner:
 def batch_from_values(base: torch.Tensor, layout: tuple) -> ForwardBatch:
     """The ``ForwardBatch`` whose fields are views of ``base`` (``ModelRunner.batch_values``)."""
     num_tokens, num_seqs, max_blocks = layout
-    sizes = [num_tokens] * 3 + [num_seqs + 1] + [num_seqs] * 3 + [num_seqs * max_blocks]
-    ids_t, positions_t, slots_t, cu_t, kv_t, state_t, starts_t, table_t = base.split(sizes)
+    sizes = [num_tokens] * 3 + [num_seqs + 1] + [num_seqs] * 2 + [num_seqs * max_blocks]
+    ids_t, positions_t, slots_t, cu_t, kv_t, state_t, table_t = base.split(sizes)
     return ForwardBatch(
         input_ids=ids_t,
         positions=positions_t,
@@ -157,7 +156,8 @@ def batch_from_values(base: torch.Tensor, layout: tuple) -> ForwardBatch:
         block_table=table_t.view(num_seqs, max_blocks),
         slot_mapping=slots_t,
         state_slots=state_t,
-        has_initial_state=starts_t > 0,
+        # (has_initial_state: the model derives it where it has recurrent state; an op every step
+        # for the others)
     )
 
 

@@ -138,7 +138,7 @@ class CausalLM(nn.Module):
         with host_reads_for_checks():  # (a step graph's replay skips them: kernels/step_graph.py)
             self._check_batch(batch, cache)
         ctx = ForwardContext(self.kernels, batch, cache)
-        if cache is not None:
+        if cache is not None and any(state is not None for state in cache.ssm_state + cache.conv_state):
             if batch.has_initial_state is not None:
                 ctx.has_initial_state = batch.has_initial_state.to(torch.bool)
             else:

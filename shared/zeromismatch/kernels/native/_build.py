@@ -45,7 +45,7 @@ SHIM = _HERE / "pyshim.c"
 #: None; 'i' an int; 'L' an int64; 'f' a float) and its ctypes result type (entry_points.h declares
 #: them; a test checks the fast-call module's signature strings against this table)
 SIGNATURES = {
-    "zm_attention": ("pppiipLpLLpppLLLLLfpi", ctypes.c_int),
+    "zm_attention": ("pLppiipLpLLpppLLLLLfpi", ctypes.c_int),
     "zm_ssm_scan": ("ppppppppppppppLLLLLLLLLffi", ctypes.c_int),
     "zm_panel_gemm": ("pLpLLiLLLiipi", ctypes.c_int),
     "zm_panel_gemm_reduced": ("pLpLLiLLLipii", ctypes.c_int),  # (bf16_nan_bits -1: an fp32 output)

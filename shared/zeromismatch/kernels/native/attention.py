@@ -80,13 +80,17 @@ def _run(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, hkv: int, 
     k_rows, v_rows, q = (t.resolve_neg().resolve_conj() for t in (k_rows, v_rows, q))
     k_rows = (k_rows if k_rows.dtype in _IN_PLACE_KV else k_rows.float()).contiguous()
     v_rows = (v_rows if v_rows.dtype in _IN_PLACE_KV else v_rows.float()).contiguous()
-    # .contiguous(): ``to(memory_format=...)`` would keep a strided fp32 view
-    q32 = q.detach().to(torch.float32).contiguous()
+    # each token's [Hq, Dqk] rows must be contiguous; the tokens may be apart (q sliced from a fused
+    # q/k tensor is read in place rather than copied)
+    q32 = q.detach().to(torch.float32)
+    if tq and not q32[0].is_contiguous():
+        q32 = q32.contiguous()
     out = torch.empty(tq, hq, dv, dtype=torch.float32, device=CPU)
     if tq == 0:
         return out.to(q.dtype)
     status = _build.library().zm_attention(
         q32.data_ptr(),
+        q32.stride(0) if tq > 1 else hq * dqk,
         k_rows.data_ptr(),
         v_rows.data_ptr(),
         int(k_rows.dtype == torch.bfloat16),

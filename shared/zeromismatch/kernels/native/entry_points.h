@@ -9,7 +9,7 @@
 
 int zm_panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
                   int64_t n, int64_t pieces, int round_bf16, int reduce, float *out, int threads);
-int zm_attention(const float *, const void *, const void *, int, int, const int64_t *, int64_t, const int64_t *,
+int zm_attention(const float *, int64_t, const void *, const void *, int, int, const int64_t *, int64_t, const int64_t *,
                  int64_t, int64_t, const int64_t *, const int64_t *, const int64_t *, int64_t, int64_t, int64_t,
                  int64_t, int64_t, float, float *, int);
 int zm_ssm_scan(const float *, const float *, const float *, const float *, const float *, const float *,

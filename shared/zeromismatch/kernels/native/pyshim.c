@@ -75,9 +75,9 @@ DEFINE_INT(zm_panel_gemm, "pLpLLiLLLiipi",
            zm_panel_gemm(P(0), L(1), P(2), L(3), L(4), I(5), L(6), L(7), L(8), I(9), I(10), P(11), I(12)))
 DEFINE_INT(zm_panel_gemm_reduced, "pLpLLiLLLipii",
            zm_panel_gemm_reduced(P(0), L(1), P(2), L(3), L(4), I(5), L(6), L(7), L(8), I(9), P(10), I(11), I(12)))
-DEFINE_INT(zm_attention, "pppiipLpLLpppLLLLLfpi",
-           zm_attention(P(0), P(1), P(2), I(3), I(4), P(5), L(6), P(7), L(8), L(9), P(10), P(11), P(12), L(13),
-                        L(14), L(15), L(16), L(17), F(18), P(19), I(20)))
+DEFINE_INT(zm_attention, "pLppiipLpLLpppLLLLLfpi",
+           zm_attention(P(0), L(1), P(2), P(3), I(4), I(5), P(6), L(7), P(8), L(9), L(10), P(11), P(12), P(13),
+                        L(14), L(15), L(16), L(17), L(18), F(19), P(20), I(21)))
 DEFINE_INT(zm_ssm_scan, "ppppppppppppppLLLLLLLLLffi",
            zm_ssm_scan(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12), P(13),
                        L(14), L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), F(23), F(24), I(25)))
