@@ -176,7 +176,8 @@ def test_a_replay_on_new_inputs_equals_the_eager_call_on_them():
 
     with torch.no_grad():
         graph, out = capture(step, held=[x, weight])  # (read by the native call without an aten op)
-        assert graph.refused is None and graph.num_native_calls == 1
+        # the add of the two runs natively too (step_graph._lowered); x * 2 stays a torch op
+        assert graph.refused is None and graph.native_call_names() == ["zm_rms_norm", "zm_add_f32"]
         fresh = torch.randn(5, 48)
         x.copy_(fresh)
         graph.replay()

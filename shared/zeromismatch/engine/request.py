@@ -24,7 +24,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self.value.startswith("finished")
+        return self._value_.startswith("finished")  # (not .value: a descriptor, ~3x slower per call)
 
 
 FINISH_REASONS = {

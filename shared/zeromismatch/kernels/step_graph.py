@@ -166,7 +166,8 @@ class _Recorder(TorchDispatchMode):
             graph.refuse(f"{func} on a {unusual[0]} tensor")
             return
         if func._schema.is_mutable:
-            graph.records.append((_call_op, (func, args, kwargs)))
+            lowered = _lowered(graph.library, func, args, kwargs, None)
+            graph.records.extend(lowered if lowered is not None else [(_call_op, (func, args, kwargs))])
             return
         input_storages = {_storage_key(t) for t in inputs}
         if outputs and all(_storage_key(t) in input_storages for t in outputs):
@@ -176,7 +177,10 @@ class _Recorder(TorchDispatchMode):
             if inputs and not isinstance(out, torch.dtype | torch.Size | type(None)):
                 graph.refuse(f"{func} returned a {type(out).__name__} to Python at capture")
             return
-        graph.records.append(_functional_record(func, args, kwargs, out))
+        lowered = _lowered(graph.library, func, args, kwargs, out) if isinstance(out, torch.Tensor) else None
+        graph.records.extend(
+            lowered if lowered is not None else [_functional_record(func, args, kwargs, out)]
+        )
         graph.note_private(outputs)
 
 
@@ -231,6 +235,167 @@ def _functional_record(func, args, kwargs, out):
                 return (_call_op, (out_func, args, {**kwargs, "out": out}))
         return (_call_op_copy, (func, args, kwargs, out))
     return (_call_op_into, (func, args, kwargs, _tensors(out)))
+
+
+_aten = torch.ops.aten
+
+
+def _rows_layout(t: torch.Tensor) -> bool:
+    """Rows along dim 0, each one contiguous block (a contiguous tensor, or a slice of one's columns)."""
+    return t.dim() >= 1 and t.layout is torch.strided and t.device.type == "cpu" and t[0].is_contiguous()
+
+
+def _outer_stride(t: torch.Tensor, dim: int) -> int | None:
+    """With dims ``dim..`` one contiguous block and dims ``..dim`` collapsible into one (a column slice
+    of a contiguous tensor, say), the element stride from one block to the next; else None."""
+    if t[(0,) * dim].numel() and not t[(0,) * dim].is_contiguous():
+        return None
+    if dim == 0:
+        return t.numel()
+    for i in range(dim - 1):
+        if t.stride(i) != t.stride(i + 1) * t.shape[i + 1]:
+            return None
+    return t.stride(dim - 1)
+
+
+def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
+    return a0 != b0
+
+
+def _lowered(library, func, args, kwargs, out):
+    """Native records doing exactly what this aten call did, for the plain data movement and fp32 adds
+    a decode step is full of (``zm_copy_rows``, ``zm_add_f32`` in native/pointwise.c), or None to
+    replay the op itself. Copies move bytes and an fp32 add with alpha 1 is one IEEE addition per
+    element, so the bits are the op's; only simple layouts (contiguous tensors, rows of contiguous
+    blocks), no aliasing between source and destination, and int64 indices are taken; an add is also
+    checked once against the captured sum. A replayed
+    index outside its tensor makes the native call return 1 (``ReplayDiverged``), as the torch op
+    would raise."""
+    if library is None:
+        return None
+    name = str(func)
+    try:
+        if name == "aten.add.Tensor" and kwargs.get("alpha", 1) == 1:
+            a, b, o = args[0], args[1], out
+            tensors = (a, b, o)
+            if not all(isinstance(t, torch.Tensor) and t.dtype is torch.float32 for t in tensors):
+                return None
+            if not all(t.is_contiguous() and t.shape == o.shape and t.device.type == "cpu" for t in tensors):
+                return None
+            if any(t.data_ptr() != o.data_ptr() and not _disjoint(t, o) for t in (a, b)):
+                return None
+            # checked once, as the out= overloads are (_functional_record): the sum gives torch's bytes
+            probe = torch.empty_like(o)
+            library.zm_add_f32(a.data_ptr(), b.data_ptr(), probe.data_ptr(), o.numel())
+            if not _same_bytes(probe, o):
+                return None
+            values = (a.data_ptr(), b.data_ptr(), o.data_ptr(), o.numel())
+            return [(_call_native, (library.zm_add_f32, values, None, "zm_add_f32"))]
+        if name == "aten.index_copy_.default":
+            target, dim, index, source = args
+            if dim not in (0, -target.dim()) or not (target.is_contiguous() and _rows_layout(source)):
+                return None
+            if index.dtype is not torch.int64 or index.dim() != 1 or not index.is_contiguous():
+                return None
+            if (
+                source.dtype != target.dtype
+                or source.shape[1:] != target.shape[1:]
+                or not _disjoint(source, target)
+            ):
+                return None
+            row = target[0].numel() * target.element_size()
+            values = (
+                target.data_ptr(),
+                row,
+                index.data_ptr(),
+                target.shape[0],
+                source.data_ptr(),
+                source.stride(0) * source.element_size(),
+                None,
+                source.shape[0],
+                index.numel(),
+                row,
+            )
+            return [(_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows"))]
+        if name == "aten.index.Tensor":
+            source, (index,) = args[0], args[1]
+            if not isinstance(index, torch.Tensor) or index.dtype is not torch.int64 or index.dim() != 1:
+                return None
+            if not (source.is_contiguous() and out.is_contiguous() and index.is_contiguous()):
+                return None
+            if out.shape != (index.numel(), *source.shape[1:]) or out.dtype != source.dtype:
+                return None
+            row = source[0].numel() * source.element_size()
+            values = (
+                out.data_ptr(),
+                row,
+                None,
+                out.shape[0],
+                source.data_ptr(),
+                row,
+                index.data_ptr(),
+                source.shape[0],
+                index.numel(),
+                row,
+            )
+            return [(_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows"))]
+        if name == "aten.clone.default":
+            source = args[0]
+            if not (_rows_layout(source) and out.is_contiguous()) or out.shape != source.shape:
+                return None
+            if out.dtype != source.dtype or source.numel() == 0:
+                return None
+            row = source[0].numel() * source.element_size()
+            stride = source.stride(0) * source.element_size() if source.shape[0] > 1 else row
+            values = (
+                out.data_ptr(),
+                row,
+                None,
+                out.shape[0],
+                source.data_ptr(),
+                stride,
+                None,
+                source.shape[0],
+                source.shape[0],
+                row,
+            )
+            return [(_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows"))]
+        if name == "aten.cat.default":
+            parts, dim = args[0], (args[1] if len(args) > 1 else kwargs.get("dim", 0))
+            dim = dim % out.dim()
+            if not out.is_contiguous() or not all(p.dtype == out.dtype for p in parts):
+                return None
+            outer = 1
+            for size in out.shape[:dim]:
+                outer *= size
+            out_row = out.numel() // outer * out.element_size() if outer else 0
+            records, offset = [], 0
+            for part in parts:
+                if part.numel() == 0:
+                    continue
+                stride = _outer_stride(part, dim)
+                if part.dim() != out.dim() or part.shape[:dim] != out.shape[:dim] or stride is None:
+                    return None
+                chunk = part.numel() // outer * part.element_size()
+                values = (
+                    out.data_ptr() + offset,
+                    out_row,
+                    None,
+                    outer,
+                    part.data_ptr(),
+                    stride * part.element_size(),
+                    None,
+                    outer,
+                    outer,
+                    chunk,
+                )
+                records.append((_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows")))
+                offset += chunk
+            return records if offset == out_row else None
+    except (TypeError, ValueError, IndexError, AttributeError, KeyError):
+        return None
+    return None
 
 
 class _RecordingLibrary:
@@ -348,6 +513,8 @@ class StepGraph:
         self._private: set[int] = set()
         self.replays = 0
         self.thread = threading.get_ident()
+        #: the native library, for the records that stand in for torch ops (``_lowered``); None: none
+        self.library = None
 
     def note_private(self, tensors: list[torch.Tensor]) -> None:
         for t in tensors:
@@ -369,6 +536,10 @@ class StepGraph:
     @property
     def num_native_calls(self) -> int:
         return sum(call is _call_native for call, _ in self.records)
+
+    def native_call_names(self) -> list[str]:
+        """The native entry point of each native record, in order (tests, diagnostics)."""
+        return [args[3] for call, args in self.records if call is _call_native]
 
     def __len__(self) -> int:
         return len(self.records)
@@ -429,6 +600,7 @@ def capture(fn: Callable[[], object], held: Iterable[torch.Tensor] = ()) -> tupl
     graph = StepGraph()
     graph.keep.extend(held)
     library = _build.library()
+    graph.library = library
     saved_library, saved_tolist, saved_numpy = _build.library, torch.Tensor.tolist, torch.Tensor.numpy
     recording = _RecordingLibrary(library, graph)
     cache = packed_weights()

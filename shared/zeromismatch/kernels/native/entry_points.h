@@ -29,5 +29,8 @@ int zm_panel_gemm_reduced(const void *, int64_t, const void *, int64_t, int64_t,
                           void *, int, int);
 void zm_silu_mul(const void *, const void *, int, int64_t, int64_t, int64_t, int64_t, void *, int);
 void zm_silu_mul_reference(const float *, const float *, int64_t, float *);
+int zm_copy_rows(void *, int64_t, const int64_t *, int64_t, const void *, int64_t, const int64_t *, int64_t, int64_t,
+                 int64_t);
+void zm_add_f32(const float *, const float *, float *, int64_t);
 
 #endif

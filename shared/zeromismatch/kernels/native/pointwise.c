@@ -147,3 +147,28 @@ int zm_rope(const void *x, int bf16, int64_t tokens, int64_t heads, int64_t stri
         rope_token_head(x, bf16, heads, stride_t, stride_h, half, positions, table, interleaved, out, size, row);
     return 0;
 }
+
+/* ---- what a step graph's replay runs in place of some torch ops (kernels/step_graph.py) --------
+ * Copies are exact, and an fp32 add is one IEEE addition per element (torch's add with alpha 1 is
+ * the same addition), so each gives the bits of the torch op it stands for, without the ~5 us of
+ * torch dispatch per op. */
+
+/* n rows of row_bytes: row r of dst (at dst_index[r], or r) takes row r of src (at src_index[r],
+ * or r); row strides in bytes. Returns 1, writing nothing, when an index is outside [0, rows). */
+int zm_copy_rows(void *dst, int64_t dst_stride, const int64_t *dst_index, int64_t dst_rows, const void *src,
+                 int64_t src_stride, const int64_t *src_index, int64_t src_rows, int64_t n, int64_t row_bytes) {
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t d = dst_index ? dst_index[r] : r, s = src_index ? src_index[r] : r;
+        if (d < 0 || d >= dst_rows || s < 0 || s >= src_rows) return 1;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t d = dst_index ? dst_index[r] : r, s = src_index ? src_index[r] : r;
+        memcpy((char *)dst + d * dst_stride, (const char *)src + s * src_stride, (size_t)row_bytes);
+    }
+    return 0;
+}
+
+/* out = a + b over n fp32 values (out may be a or b) */
+void zm_add_f32(const float *a, const float *b, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
