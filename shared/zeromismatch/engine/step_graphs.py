@@ -21,9 +21,10 @@ forward's bits). This is the engine side of vLLM's CUDA graphs, with vLLM's swit
   its width doubles: the kernels read a sequence's blocks only below its kv_len, so padding
   changes no bit (tested). Each step's input ids, positions, slots, lengths, block table and noise
   seeds are copied into the graph's input tensors before the replay.
-- **Warm-up.** A key's first step runs eagerly (it fills the packed-weight and rope-table caches);
-  the second is captured (the capture run is that step's real forward); later ones replay. A
-  capture that still had to pack weights is retaken at the key's next step, up to
+- **Warm-up.** A key's first step is captured (the capture run is that step's real forward); later
+  ones replay. The prefill before it has filled the packed-weight and rope-table caches; a capture
+  that still had to pack weights is retaken at the key's next step (``WARMUP_STEPS`` eager steps
+  first, none by default: an eager warm-up step cost ~1 ms of a 128-token generate), up to
   ``MAX_CAPTURES_PER_KEY`` tries: weights packed anew at every call (MoE experts dequantized from
   FP8 / NVFP4 at every step) are then repacked by the graph too, as by the eager step.
 - **Memory.** A graph holds its own intermediates: at most ``MAX_GRAPHS`` graphs and
@@ -70,7 +71,7 @@ MIN_WIDTH = 16
 MAX_GRAPHS = 32
 MAX_GRAPH_BYTES = 1 << 30
 #: eager steps of a key before it is captured
-WARMUP_STEPS = 1
+WARMUP_STEPS = 0
 #: weight changes in a row before any replay after which graphs go off (``forward``)
 MAX_FRUITLESS_ROUNDS = 3
 #: tries at a capture that packs no weights (each retaken at the key's next step) before one that

@@ -357,6 +357,7 @@ class _SamplingPlan(NamedTuple):
     """What ``processed_log_softmax`` derives from its parameter tensors alone."""
 
     divisor: torch.Tensor  # [T, 1] temperature, 1 where greedy
+    divides: bool  # some divisor is not 1 (x / 1 is x, bit for bit: rows at t = 1 skip the division)
     greedy_rows: torch.Tensor | None
     risky: bool  # some row has 0 < t < 1 (logits / t may overflow)
     filtered_rows: torch.Tensor | None  # rows that top-k or top-p filters
@@ -403,8 +404,10 @@ def _build_sampling_plan(logits: torch.Tensor, temperature, top_k, top_p) -> _Sa
     k_eff = torch.where((k_eff <= 0) | (k_eff > vocab), torch.full_like(k_eff, vocab), k_eff)
     p = top_p.to(torch.float32)
     filtered = ~greedy & ((k_eff < vocab) | (p < 1))
+    divisor = torch.where(greedy, torch.ones_like(temp), temp)[:, None]
     plan = _SamplingPlan(
-        divisor=torch.where(greedy, torch.ones_like(temp), temp)[:, None],
+        divisor=divisor,
+        divides=bool((divisor != 1).any()),
         greedy_rows=greedy.nonzero().squeeze(1) if bool(greedy.any()) else None,
         risky=bool(((temp > 0) & (temp < 1)).any()),
         filtered_rows=filtered.nonzero().squeeze(1) if bool(filtered.any()) else None,
@@ -434,7 +437,7 @@ def processed_log_softmax(
     plan = _sampling_plan(logits, temperature, top_k, top_p)
     lf = logits.float()
     vocab = lf.shape[1]
-    scaled = lf / plan.divisor
+    scaled = lf / plan.divisor if plan.divides else lf
     if plan.risky:
         _check_scaled_finite(lf, scaled, temperature.to(torch.float32))
 

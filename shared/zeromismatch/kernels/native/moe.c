@@ -124,3 +124,72 @@ int zm_moe_experts(const void *x, int x_bf16, int64_t tokens, int64_t hidden, co
     free(row);
     return status;
 }
+
+/* ---- routing: the aligned moe_route's selection, exactly (see route.py) ----------------------------
+ * Inputs are the aligned op's own scores (torch's softmax or the aligned sigmoid) and choice (scores,
+ * or scores + correction bias); what is done here is comparisons and the few IEEE operations the
+ * aligned op does after them, in its order, so the results are its bits:
+ *   n_group > 1: group score = the sum of the group's two largest choices (one addition; the one
+ *                largest for a group of one), the topk_group best groups kept, other experts -inf;
+ *   ids        = the top_k largest choices, ties to the lower index (a stable descending sort);
+ *   weights    = scores[ids]; normalized: w / (((w0 + w1) + ...) [+ 1e-20f]); then [* scale].
+ * Orders are torch.sort's: nan ranks above every number, equal values (+0 and -0 too) keep their
+ * index order. */
+#define ROUTE_MAX_EXPERTS 1024
+
+static inline int ranks_above(float a, float b) { return (a != a && b == b) || a > b; }
+
+/* the k indices of the largest of v[0..n), in sort order (stable descending) */
+static void stable_top(const float *v, int64_t n, int64_t k, int64_t *out, unsigned char *taken) {
+    memset(taken, 0, (size_t)n);
+    for (int64_t slot = 0; slot < k; slot++) {
+        int64_t best = -1;
+        for (int64_t i = 0; i < n; i++)
+            if (!taken[i] && (best < 0 || ranks_above(v[i], v[best]))) best = i;
+        taken[best] = 1;
+        out[slot] = best;
+    }
+}
+
+int zm_moe_route(const float *scores, const float *choice, int64_t tokens, int64_t experts, int64_t top_k,
+                 int64_t n_group, int64_t topk_group, int normalize, int add_eps, int scale, float factor,
+                 float *weights, int64_t *ids) {
+    if (experts > ROUTE_MAX_EXPERTS || n_group > ROUTE_MAX_EXPERTS || top_k > experts) return 1;
+    const int64_t per_group = experts / n_group;
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *s = scores + t * experts, *c = choice + t * experts;
+        float masked[ROUTE_MAX_EXPERTS], group_score[ROUTE_MAX_EXPERTS];
+        unsigned char taken[ROUTE_MAX_EXPERTS];
+        int64_t chosen[ROUTE_MAX_EXPERTS];
+        const float *pick = c;
+        if (n_group > 1) {
+            for (int64_t g = 0; g < n_group; g++) {
+                int64_t two[2];
+                stable_top(c + g * per_group, per_group, per_group >= 2 ? 2 : 1, two, taken);
+                const float first = c[g * per_group + two[0]];
+                group_score[g] = per_group >= 2 ? first + c[g * per_group + two[1]] : first;
+            }
+            int64_t keep[ROUTE_MAX_EXPERTS];
+            stable_top(group_score, n_group, topk_group, keep, taken);
+            for (int64_t e = 0; e < experts; e++) masked[e] = -INFINITY;
+            for (int64_t j = 0; j < topk_group; j++)
+                memcpy(masked + keep[j] * per_group, c + keep[j] * per_group, sizeof(float) * (size_t)per_group);
+            pick = masked;
+        }
+        stable_top(pick, experts, top_k, chosen, taken);
+        float *w = weights + t * top_k;
+        for (int64_t j = 0; j < top_k; j++) {
+            ids[t * top_k + j] = chosen[j];
+            w[j] = s[chosen[j]];
+        }
+        if (normalize) {
+            float total = w[0];
+            for (int64_t j = 1; j < top_k; j++) total = total + w[j];
+            if (add_eps) total = total + 1e-20f;
+            for (int64_t j = 0; j < top_k; j++) w[j] = w[j] / total;
+        }
+        if (scale)
+            for (int64_t j = 0; j < top_k; j++) w[j] = w[j] * factor;
+    }
+    return 0;
+}
