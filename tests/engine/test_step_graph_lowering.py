@@ -35,6 +35,7 @@ def _step(t):
     t["cache"].index_copy_(0, t["slots"], k)  # a K write from a strided source
     return (
         q.contiguous(),  # clone of a column slice
+        torch.cat((q[..., :8], k[:, :1, 8:].expand(-1, 4, -1)), dim=-1),  # MLA's key: an expanded part
         torch.cat((q, k), dim=1),  # cat of column slices
         torch.cat((t["a"], t["b"]), dim=-1),  # cat along the last dim
         t["table"][t["ids"]],  # gather rows (an embedding lookup)
@@ -50,7 +51,9 @@ def test_lowered_ops_run_natively_and_replay_the_eager_bits():
         graph, outs = capture(lambda: _step(inputs), held=list(inputs.values()))
         assert graph.refused is None
         names = graph.native_call_names()
-        assert names.count("zm_copy_rows") == 1 + 1 + 2 + 2 + 1 and names.count("zm_add_f32") == 1
+        # index_copy_ and index: row copies; the clone and the two cats' four parts: strided copies
+        assert names.count("zm_copy_rows") == 2 and names.count("zm_copy_strided") == 1 + 2 + 2 + 2
+        assert names.count("zm_add_f32") == 1
         assert not [
             call for call, args in graph.records if call.__name__ == "_call_op"
         ]  # nothing left to torch
@@ -103,7 +106,8 @@ def test_layouts_it_does_not_take_stay_torch_ops():
         graph, (broadcast, bf16_sum, transposed) = capture(
             lambda: (x + row, half + half, x.t().contiguous()), held=[x, row, half]
         )
-        assert graph.refused is None and graph.native_call_names() == []
+        # a broadcast add and a bf16 add stay torch's; a transposed copy is a strided copy
+        assert graph.refused is None and graph.native_call_names() == ["zm_copy_strided"]
         x.copy_(torch.randn(4, 8))
         graph.replay()
         assert torch.equal(broadcast, x + row) and torch.equal(transposed, x.t().contiguous())

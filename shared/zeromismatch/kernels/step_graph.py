@@ -245,17 +245,26 @@ def _rows_layout(t: torch.Tensor) -> bool:
     return t.dim() >= 1 and t.layout is torch.strided and t.device.type == "cpu" and t[0].is_contiguous()
 
 
-def _outer_stride(t: torch.Tensor, dim: int) -> int | None:
-    """With dims ``dim..`` one contiguous block and dims ``..dim`` collapsible into one (a column slice
-    of a contiguous tensor, say), the element stride from one block to the next; else None."""
-    if t[(0,) * dim].numel() and not t[(0,) * dim].is_contiguous():
+def _strided_copy(library, dst: torch.Tensor, src: torch.Tensor):
+    """A native record copying ``src`` into ``dst`` (same shape and dtype, up to 4 dims, any strides),
+    or None."""
+    if dst.shape != src.shape or dst.dtype != src.dtype or dst.dim() > 4 or dst.numel() == 0:
         return None
-    if dim == 0:
-        return t.numel()
-    for i in range(dim - 1):
-        if t.stride(i) != t.stride(i + 1) * t.shape[i + 1]:
-            return None
-    return t.stride(dim - 1)
+    if any(t.layout is not torch.strided or t.device.type != "cpu" for t in (dst, src)):
+        return None
+    if 0 in dst.stride() or not _disjoint(dst, src):  # (a destination element written twice; aliasing)
+        return None
+    pad = 4 - dst.dim()
+    sizes = (1,) * pad + tuple(dst.shape)
+    values = (
+        dst.data_ptr(),
+        src.data_ptr(),
+        dst.element_size(),
+        *sizes,
+        *((0,) * pad + dst.stride()),
+        *((0,) * pad + src.stride()),
+    )
+    return (_call_native, (library.zm_copy_strided, values, None, "zm_copy_strided"))
 
 
 def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -341,58 +350,23 @@ def _lowered(library, func, args, kwargs, out):
             )
             return [(_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows"))]
         if name == "aten.clone.default":
-            source = args[0]
-            if not (_rows_layout(source) and out.is_contiguous()) or out.shape != source.shape:
-                return None
-            if out.dtype != source.dtype or source.numel() == 0:
-                return None
-            row = source[0].numel() * source.element_size()
-            stride = source.stride(0) * source.element_size() if source.shape[0] > 1 else row
-            values = (
-                out.data_ptr(),
-                row,
-                None,
-                out.shape[0],
-                source.data_ptr(),
-                stride,
-                None,
-                source.shape[0],
-                source.shape[0],
-                row,
-            )
-            return [(_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows"))]
+            record = _strided_copy(library, out, args[0])
+            return None if record is None else [record]
         if name == "aten.cat.default":
             parts, dim = args[0], (args[1] if len(args) > 1 else kwargs.get("dim", 0))
             dim = dim % out.dim()
-            if not out.is_contiguous() or not all(p.dtype == out.dtype for p in parts):
-                return None
-            outer = 1
-            for size in out.shape[:dim]:
-                outer *= size
-            out_row = out.numel() // outer * out.element_size() if outer else 0
             records, offset = [], 0
             for part in parts:
                 if part.numel() == 0:
                     continue
-                stride = _outer_stride(part, dim)
-                if part.dim() != out.dim() or part.shape[:dim] != out.shape[:dim] or stride is None:
+                if part.dim() != out.dim():
                     return None
-                chunk = part.numel() // outer * part.element_size()
-                values = (
-                    out.data_ptr() + offset,
-                    out_row,
-                    None,
-                    outer,
-                    part.data_ptr(),
-                    stride * part.element_size(),
-                    None,
-                    outer,
-                    outer,
-                    chunk,
-                )
-                records.append((_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows")))
-                offset += chunk
-            return records if offset == out_row else None
+                record = _strided_copy(library, out.narrow(dim, offset, part.shape[dim]), part)
+                if record is None:
+                    return None
+                records.append(record)
+                offset += part.shape[dim]
+            return records if offset == out.shape[dim] else None
     except (TypeError, ValueError, IndexError, AttributeError, KeyError):
         return None
     return None

@@ -9,7 +9,7 @@ heads; ``[k_nope, v] = kv_b(c_kv)`` per head. Keys are ``[k_nope, k_rope]``, que
 ``rope_interleave`` (DeepSeek's checkpoint layout pairs dims (2i, 2i+1)): transformers rotates
 the even/odd slices and writes the result de-interleaved (evens first). Gathering the
 even then odd dims and applying the ordinary rotate-half RoPE is the same computation, so we
-do that (an index permutation plus ``kernels.rope(interleaved=False)``) and match
+do that (the even then the odd dims, concatenated, plus ``kernels.rope(interleaved=False)``) and match
 transformers' layout exactly.
 
 Deviation from vLLM (documented on purpose): vLLM caches the compressed latent
@@ -58,12 +58,7 @@ class MLAttention(nn.Module):
         self.o_proj = Linear(heads * self.v_head_dim, hidden, bias, "row", tp)
         self.inv_freq = rope_inv_freq(self.rope_dim, config.rope_theta, config.rope_scaling, config.family)
         self.scale = self.qk_head_dim**-0.5
-        if config.rope_interleave:
-            self.rope_order = torch.cat(
-                (torch.arange(0, self.rope_dim, 2), torch.arange(1, self.rope_dim, 2))
-            )
-        else:
-            self.rope_order = None
+        self.rope_interleave = bool(config.rope_interleave)
 
     def kv_cache_spec(self) -> tuple[int, int, int]:
         return self.num_heads, self.qk_head_dim, self.v_head_dim
@@ -80,9 +75,9 @@ class MLAttention(nn.Module):
         compressed = self.kv_a_proj_with_mqa(x, kern)
         latent = self.kv_a_layernorm(compressed[:, : self.kv_lora_rank], kern)
         k_rope = compressed[:, self.kv_lora_rank :].reshape(tokens, 1, self.rope_dim)
-        if self.rope_order is not None:
-            order = self.rope_order.to(device=q.device)
-            q_rope, k_rope = q_rope[..., order], k_rope[..., order]
+        if self.rope_interleave:  # even dims, then odd dims: strided copies (a step graph's are native)
+            q_rope = torch.cat((q_rope[..., 0::2], q_rope[..., 1::2]), dim=-1)
+            k_rope = torch.cat((k_rope[..., 0::2], k_rope[..., 1::2]), dim=-1)
         inv_freq = self.inv_freq.to(device=q.device)
         q_rope = kern.rope(q_rope.contiguous(), ctx.batch.positions, inv_freq)
         k_rope = kern.rope(k_rope.contiguous(), ctx.batch.positions, inv_freq)

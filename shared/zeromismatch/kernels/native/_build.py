@@ -57,6 +57,7 @@ SIGNATURES = {
     "zm_silu_mul": ("ppiLLLLpi", None),
     "zm_copy_rows": ("pLpLpLpLLL", ctypes.c_int),  # (these two: step-graph replays, kernels/step_graph.py)
     "zm_add_f32": ("pppL", None),
+    "zm_copy_strided": ("ppLLLLLLLLLLLLL", None),
     "zm_moe_route": ("ppLLLLLiiifpp", ctypes.c_int),
     "zm_silu_mul_reference": ("ppLp", None),  # ctypes only: the tests' scalar rule
 }

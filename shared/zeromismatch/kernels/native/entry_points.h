@@ -32,6 +32,8 @@ void zm_silu_mul_reference(const float *, const float *, int64_t, float *);
 int zm_copy_rows(void *, int64_t, const int64_t *, int64_t, const void *, int64_t, const int64_t *, int64_t, int64_t,
                  int64_t);
 void zm_add_f32(const float *, const float *, float *, int64_t);
+void zm_copy_strided(void *, const void *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                     int64_t, int64_t, int64_t, int64_t, int64_t);
 int zm_moe_route(const float *, const float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float,
                  float *, int64_t *);
 

@@ -172,3 +172,25 @@ int zm_copy_rows(void *dst, int64_t dst_stride, const int64_t *dst_index, int64_
 void zm_add_f32(const float *a, const float *b, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
+
+/* dst[i0, i1, i2, i3] = src[i0, i1, i2, i3] for sizes n0..n3, element strides ds* / ss* (a stride may
+ * be 0: an expanded source), elements of elem_bytes; rows of contiguous elements copied whole */
+void zm_copy_strided(void *dst, const void *src, int64_t elem_bytes, int64_t n0, int64_t n1, int64_t n2,
+                     int64_t n3, int64_t ds0, int64_t ds1, int64_t ds2, int64_t ds3, int64_t ss0, int64_t ss1,
+                     int64_t ss2, int64_t ss3) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    const int rows = ds3 == 1 && ss3 == 1;
+    for (int64_t i0 = 0; i0 < n0; i0++)
+        for (int64_t i1 = 0; i1 < n1; i1++)
+            for (int64_t i2 = 0; i2 < n2; i2++) {
+                char *drow = d + (i0 * ds0 + i1 * ds1 + i2 * ds2) * elem_bytes;
+                const char *srow = s + (i0 * ss0 + i1 * ss1 + i2 * ss2) * elem_bytes;
+                if (rows) {
+                    memcpy(drow, srow, (size_t)(n3 * elem_bytes));
+                    continue;
+                }
+                for (int64_t i3 = 0; i3 < n3; i3++)
+                    memcpy(drow + i3 * ds3 * elem_bytes, srow + i3 * ss3 * elem_bytes, (size_t)elem_bytes);
+            }
+}
