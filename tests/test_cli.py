@@ -60,13 +60,13 @@ def test_every_kernel_set_implements_every_op_from_its_own_modules():
     from zeromismatch.kernels import KernelSet, available_kernels, get_kernels
 
     # aligned-native is the aligned set with its own attention, scan, conv, GEMMs, norms, rope, SwiGLU
-    # product, MoE experts
+    # product, MoE experts and MoE routing
     # (kernels/native): exactly those ops come from its package, every other op from the aligned one
     from zeromismatch.kernels.native import NativeKernels  # importing it compiles nothing
 
     native_ops = {"attention", "paged_attention", "ssm_scan", "linear", "lm_head", "row_parallel_linear"}
     native_ops |= {"quant_linear", "rms_norm", "gated_rms_norm", "rope", "moe_experts", "causal_conv1d"}
-    native_ops |= {"silu_mul"}
+    native_ops |= {"silu_mul", "moe_route"}
     for name in available_kernels():
         kernels = NativeKernels if name == "aligned-native" else get_kernels(name)
         for op in KernelSet.__abstractmethods__:
