@@ -245,20 +245,26 @@ class LLM:
                 self._pending.extend(o for o in failed if owned is None or o.request_id not in owned)
             self.num_steps += 1
             return outputs
+        # (this loop and the next run for every request every step: attribute lookups hoisted)
+        register = self.block_manager.register_computed if self.block_manager.enable_prefix_caching else None
         for chunk in plan.chunks:
             chunk.request.num_computed_tokens += chunk.num_tokens
-            self.block_manager.register_computed(chunk.request)
+            if register is not None:
+                register(chunk.request)
+        version, max_model_len = self.weight_version, self.max_model_len
+        self.num_generated_tokens += len(results)
         for chunk, token, logprob in results:
             request = chunk.request
-            request.output_token_ids.append(token)
+            token_ids = request.output_token_ids
+            token_ids.append(token)
             request.output_logprobs.append(logprob)
-            request.output_versions.append(self.weight_version)
-            self.num_generated_tokens += 1
-            if token in request.params.stop_token_ids:
+            request.output_versions.append(version)
+            params = request.params
+            if token in params.stop_token_ids:
                 request.status = RequestStatus.FINISHED_STOPPED
-            elif len(request.output_token_ids) >= request.params.max_tokens:
+            elif len(token_ids) >= params.max_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH
-            elif request.num_tokens >= self.max_model_len:
+            elif len(request.prompt_token_ids) + len(token_ids) >= max_model_len:
                 request.status = RequestStatus.FINISHED_LENGTH
             if request.finished:
                 self.scheduler.release(request)

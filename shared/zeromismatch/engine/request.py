@@ -24,8 +24,11 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self._value_.startswith("finished")  # (not .value: a descriptor, ~3x slower per call)
+        return self not in _UNFINISHED
 
+
+#: (a frozenset lookup: ``finished`` is asked for every request every step)
+_UNFINISHED = frozenset({RequestStatus.WAITING, RequestStatus.RUNNING})
 
 FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
@@ -66,7 +69,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return self.status.finished
+        return self.status not in _UNFINISHED
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(

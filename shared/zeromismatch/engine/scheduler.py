@@ -20,14 +20,17 @@ slots are assigned at admission and released when the request leaves.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 
 from .kv_cache import BlockManager
 from .request import Request, RequestStatus
 
+_ARRIVAL = operator.attrgetter("arrival")
 
-@dataclass
+
+@dataclass(slots=True)  # (32 made every step)
 class ScheduledChunk:
     request: Request
     start: int  # first token position computed in this step
@@ -113,7 +116,8 @@ class Scheduler:
         self.waiting = deque(pending)
 
     def _chunk_size(self, request: Request, budget: int) -> int:
-        remaining = request.num_tokens - request.num_computed_tokens
+        total = len(request.prompt_token_ids) + len(request.output_token_ids)  # (request.num_tokens, inlined)
+        remaining = total - request.num_computed_tokens
         if self.prefill_chunk is not None:
             remaining = min(remaining, self.prefill_chunk)
         return min(remaining, budget)
@@ -122,10 +126,11 @@ class Scheduler:
     def schedule(self, version: int) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        for request in sorted(self.running, key=lambda r: r.arrival):
+        running = RequestStatus.RUNNING
+        for request in sorted(self.running, key=_ARRIVAL):
             if budget == 0:
                 break
-            if request.status is not RequestStatus.RUNNING:  # preempted by an older request this step
+            if request.status is not running:  # preempted by an older request this step
                 continue
             n = self._chunk_size(request, budget)
             if n == 0:

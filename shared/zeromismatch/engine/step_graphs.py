@@ -161,8 +161,17 @@ class DecodeGraphs:
         }
 
     def forward(self, runner, chunks) -> GraphStep | None:
-        if not self.enabled or any(chunk.num_tokens != 1 or not chunk.samples for chunk in chunks):
+        if not self.enabled:
             return None
+        requests, blocks = [], 0
+        for chunk in chunks:  # (chunk.samples and request.num_tokens inlined: every request, every step)
+            request = chunk.request
+            if chunk.num_tokens != 1 or chunk.start + 1 != len(request.prompt_token_ids) + len(
+                request.output_token_ids
+            ):
+                return None  # a prefill chunk, or one that does not sample
+            requests.append(request)
+            blocks = max(blocks, len(request.block_ids))
         if self.guard is not None and not self.guard.holds():
             # weights changed: every graph reads stale packed weights, and warm-ups restart. An RL loop
             # that updates the weights before its graphs were ever replayed (short rollouts) only pays
@@ -176,9 +185,7 @@ class DecodeGraphs:
                 )
                 return None
             self.round_replays = self.replays
-        requests = [chunk.request for chunk in chunks]
-        width = padded_width(max(len(request.block_ids) for request in requests))
-        values, layout = runner.batch_values(chunks, width)
+        values, layout = runner.batch_values(chunks, padded_width(blocks))
         sampling = _sampling_key([request.params for request in requests])
         key = (layout, torch.get_num_threads(), torch.is_inference_mode_enabled(), sampling)
         seeds = [] if sampling is None else [mix_seed(r.seed, len(r.output_token_ids)) for r in requests]

@@ -170,10 +170,10 @@ static inline __attribute__((always_inline)) void prefetch_row(const char *row, 
  * start at +0), or, once a score is nan, attend_row's: the last nan score. The sum l and P @ V
  * keep attend_row's ascending serial order. Keys past the last whole block take attend_row's
  * one-key path. */
-static inline __attribute__((always_inline)) void attend_row_whole(
+static inline __attribute__((always_inline)) void whole_scores(
     const float *qv, const char *kb, const char *vb, const int k_bf16, const int v_bf16, const int64_t *keys,
     int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off, int64_t v_off, int64_t dqk, int64_t dv,
-    float scale, const int prefetch, float *scores, float *o) {
+    float scale, const int prefetch, float *scores) {
     const int64_t k_size = k_bf16 ? 2 : 4, v_size = v_bf16 ? 2 : 4, n_keys = pos + 1;
     const int64_t k_bytes = dqk * k_size, v_bytes = dv * v_size;
     for (int64_t j = 0; prefetch && j < LANES && j < n_keys; j++)
@@ -233,20 +233,55 @@ static inline __attribute__((always_inline)) void attend_row_whole(
         memcpy(scores + j, &sc, sizeof sc);
     }
     for (; j < n_keys; j++) scores[j] = zm_exp(scores[j] - m);
+}
+
+/* attend_row's l and P @ V for one row's exponentiated scores -- or for two rows of the same keys at
+ * once (GQA: query heads sharing a KV head), each V chunk loaded once for both; every row's sums are
+ * its own, in attend_row's order, so pairing changes no bit */
+static inline __attribute__((always_inline)) void whole_output(const char *vb, const int v_bf16, const int64_t *keys,
+                                                               int64_t n_keys, int64_t v_stride, int64_t v_off,
+                                                               int64_t dv, const float *scores, float *o,
+                                                               const float *scores2, float *o2) {
+    const int64_t v_size = v_bf16 ? 2 : 4;
     /* l, attend_row's ascending sum, is taken inside the first pass over V: its chain of dependent
      * additions then overlaps that pass instead of running alone (~10 % of a decode call) */
-    float l = 0.0f;
+    float l = 0.0f, l2 = 0.0f;
     for (int64_t d0 = 0; d0 < dv; d0 += 4 * LANES) {
         v16 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+        v16 bcc0 = {0}, bcc1 = {0}, bcc2 = {0}, bcc3 = {0};
         const int first = d0 == 0;
-        for (j = 0; j < n_keys; j++) {
-            if (first) l = l + scores[j];
-            const v16 p = (v16){0} + scores[j];
-            const char *row = vb + (keys[j] * v_stride + v_off) * v_size;
-            acc0 = acc0 + p * load16(row, v_bf16, d0);
-            acc1 = acc1 + p * load16(row, v_bf16, d0 + LANES);
-            acc2 = acc2 + p * load16(row, v_bf16, d0 + 2 * LANES);
-            acc3 = acc3 + p * load16(row, v_bf16, d0 + 3 * LANES);
+        if (!scores2) {
+            for (int64_t j = 0; j < n_keys; j++) {
+                if (first) l = l + scores[j];
+                const v16 p = (v16){0} + scores[j];
+                const char *row = vb + (keys[j] * v_stride + v_off) * v_size;
+                acc0 = acc0 + p * load16(row, v_bf16, d0);
+                acc1 = acc1 + p * load16(row, v_bf16, d0 + LANES);
+                acc2 = acc2 + p * load16(row, v_bf16, d0 + 2 * LANES);
+                acc3 = acc3 + p * load16(row, v_bf16, d0 + 3 * LANES);
+            }
+        } else {
+            for (int64_t j = 0; j < n_keys; j++) {
+                if (first) {
+                    l = l + scores[j];
+                    l2 = l2 + scores2[j];
+                }
+                const v16 p = (v16){0} + scores[j], p2 = (v16){0} + scores2[j];
+                const char *row = vb + (keys[j] * v_stride + v_off) * v_size;
+                const v16 v0 = load16(row, v_bf16, d0), v1 = load16(row, v_bf16, d0 + LANES);
+                const v16 v2 = load16(row, v_bf16, d0 + 2 * LANES), v3 = load16(row, v_bf16, d0 + 3 * LANES);
+                acc0 = acc0 + p * v0;
+                acc1 = acc1 + p * v1;
+                acc2 = acc2 + p * v2;
+                acc3 = acc3 + p * v3;
+                bcc0 = bcc0 + p2 * v0;
+                bcc1 = bcc1 + p2 * v1;
+                bcc2 = bcc2 + p2 * v2;
+                bcc3 = bcc3 + p2 * v3;
+            }
+            const v16 l2_vec = (v16){0} + l2;
+            const v16 outs2[4] = {bcc0 / l2_vec, bcc1 / l2_vec, bcc2 / l2_vec, bcc3 / l2_vec};
+            memcpy(o2 + d0, outs2, sizeof outs2);
         }
         const v16 l_vec = (v16){0} + l;
         const v16 outs[4] = {acc0 / l_vec, acc1 / l_vec, acc2 / l_vec, acc3 / l_vec};
@@ -254,15 +289,29 @@ static inline __attribute__((always_inline)) void attend_row_whole(
     }
 }
 
+/* attend_row for one row (qv2 NULL) or two rows of the same keys and position, in whole chunks */
+static inline __attribute__((always_inline)) void attend_rows_whole(
+    const float *qv, const float *qv2, const char *kb, const char *vb, const int k_bf16, const int v_bf16,
+    const int64_t *keys, int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off, int64_t v_off, int64_t dqk,
+    int64_t dv, float scale, const int prefetch, float *scores, float *scores2, float *o, float *o2) {
+    whole_scores(qv, kb, vb, k_bf16, v_bf16, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale, prefetch,
+                 scores);
+    if (qv2) /* its keys are in cache now: no prefetching */
+        whole_scores(qv2, kb, vb, k_bf16, v_bf16, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale, 0,
+                     scores2);
+    whole_output(vb, v_bf16, keys, pos + 1, v_stride, v_off, dv, scores, o, qv2 ? scores2 : NULL, o2);
+}
+
 /* attend_row, through the specialised copy where the head dims allow (one per dtype pair, so
  * the compiler drops the dtype branches) */
-static void attend(const float *qv, const void *k_rows, const void *v_rows, int k_bf16, int v_bf16,
-                   const int64_t *keys, int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off,
-                   int64_t v_off, int64_t dqk, int64_t dv, float scale, int prefetch, float *scores, float *o) {
+static void attend(const float *qv, const float *qv2, const void *k_rows, const void *v_rows, int k_bf16,
+                   int v_bf16, const int64_t *keys, int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off,
+                   int64_t v_off, int64_t dqk, int64_t dv, float scale, int prefetch, float *scores, float *scores2,
+                   float *o, float *o2) {
     const char *kb = (const char *)k_rows, *vb = (const char *)v_rows;
-#define ZM_WHOLE(KB, VB)                                                                                     \
-    attend_row_whole(qv, kb, vb, KB, VB, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale, prefetch, \
-                     scores, o)
+#define ZM_WHOLE(KB, VB)                                                                                            \
+    attend_rows_whole(qv, qv2, kb, vb, KB, VB, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale,         \
+                      prefetch, scores, scores2, o, o2)
     if (dqk % LANES == 0 && dv % (4 * LANES) == 0) {
         if (!k_bf16 && !v_bf16) ZM_WHOLE(0, 0);
         else if (k_bf16 && v_bf16) ZM_WHOLE(1, 1);
@@ -273,6 +322,9 @@ static void attend(const float *qv, const void *k_rows, const void *v_rows, int 
 #undef ZM_WHOLE
     attend_row(qv, k_rows, v_rows, k_bf16, v_bf16, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale,
                scores, o);
+    if (qv2)
+        attend_row(qv2, k_rows, v_rows, k_bf16, v_bf16, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale,
+                   scores, o2);
 }
 
 /* one zm_attention call's operands (below) */
@@ -295,7 +347,7 @@ struct attention_scratch {
 
 static struct attention_scratch scratch_new(const struct attention_call *c) {
     struct attention_scratch sc;
-    sc.scores = malloc(sizeof(float) * c->max_kv);
+    sc.scores = malloc(sizeof(float) * 2 * c->max_kv); /* two rows' scores: attend pairs GQA rows */
     sc.rows = c->block_table ? malloc(sizeof(int64_t) * c->max_kv) : NULL;
     /* bf16 K/V widened per item (prefill-sized items only); without the memory, rows read bf16 */
     const int widen = (c->k_bf16 || c->v_bf16) && c->max_q_rows >= WIDEN_MIN_ROWS;
@@ -344,17 +396,21 @@ static int attention_item(const struct attention_call *c, const struct attention
         }
         for (int64_t r = 0; r < item_rows; r++) {
             const int64_t t = q_start + r / group, h = kh * group + r % group;
-            attend(c->q + t * c->q_stride + h * dqk, kw, vw, 0, 0, sc->identity, kv_len - q_len + r / group, dqk, dv, 0,
-                   0, dqk, dv, c->scale, 0, sc->scores, c->out + (t * hq + h) * dv);
+            attend(c->q + t * c->q_stride + h * dqk, NULL, kw, vw, 0, 0, sc->identity, kv_len - q_len + r / group,
+                   dqk, dv, 0, 0, dqk, dv, c->scale, 0, sc->scores, NULL, c->out + (t * hq + h) * dv, NULL);
         }
         return 0;
     }
-    for (int64_t r = 0; r < item_rows; r++) {
+    for (int64_t r = 0; r < item_rows;) {
         const int64_t t = q_start + r / group, h = kh * group + r % group;
+        /* two query heads of one token (GQA) go together: each V row is read once for both */
+        const int pair = r + 1 < item_rows && (r + 1) / group == r / group;
         /* only the item's first row prefetches: it brings the keys in for the rows after it */
-        attend(c->q + t * c->q_stride + h * dqk, c->k_rows, c->v_rows, c->k_bf16, c->v_bf16, keys,
-               kv_len - q_len + r / group, hkv * dqk, hkv * dv, kh * dqk, kh * dv, dqk, dv, c->scale, r == 0,
-               sc->scores, c->out + (t * hq + h) * dv);
+        attend(c->q + t * c->q_stride + h * dqk, pair ? c->q + t * c->q_stride + (h + 1) * dqk : NULL, c->k_rows,
+               c->v_rows, c->k_bf16, c->v_bf16, keys, kv_len - q_len + r / group, hkv * dqk, hkv * dv, kh * dqk,
+               kh * dv, dqk, dv, c->scale, r == 0, sc->scores, sc->scores + c->max_kv, c->out + (t * hq + h) * dv,
+               pair ? c->out + (t * hq + h + 1) * dv : NULL);
+        r += pair ? 2 : 1;
     }
     return 0;
 }
