@@ -88,3 +88,29 @@ def test_uniform_rows_from_reads_an_int64_seed_tensor_and_refuses_others():
     for bad in (tensor.to(torch.int32), tensor.view(2, 1), torch.stack([tensor, tensor], 1)[:, 0]):
         with pytest.raises(ValueError, match="contiguous 1-D int64 CPU tensor"):
             native_random.uniform_rows_from(bad, 3)
+
+
+def test_race_argmax_is_torchs_argmax_of_the_difference():
+    """The sampler's race in one native pass (random.c's zm_race_argmax) picks torch.argmax's index of
+    ``processed - log_e`` in every row: random rows, ties (the first wins), nan (the first nan wins),
+    all -inf (index 0), and -0 against +0 (a tie)."""
+    if not native_random.available():
+        pytest.skip("native library unavailable")
+    gen = torch.Generator().manual_seed(5)
+    processed = torch.randn(64, 40, generator=gen)
+    log_e = torch.randn(64, 40, generator=gen)
+    processed[1] = 1.0  # ties everywhere
+    log_e[1] = 0.0
+    processed[2, [3, 7]] = float("nan")
+    processed[3] = float("-inf")
+    processed[4], log_e[4] = 0.0, 0.0
+    processed[4, 0] = -0.0
+    processed[5, 39] = float("nan")
+    processed[6, 0] = float("nan")
+    processed[7, 5] = float("inf")
+    processed[7, 9] = float("inf")
+    got = native_random.race_argmax(processed, log_e)
+    assert torch.equal(got, torch.argmax(processed - log_e, dim=1))
+    # what it does not take, it leaves to torch
+    assert native_random.race_argmax(processed.double(), log_e.double()) is None
+    assert native_random.race_argmax(processed.t(), log_e.t()) is None

@@ -147,6 +147,8 @@ class Sampler:
         # keeps every entry finite; no other draw changes (every nonzero U is >= 2^-24).
         noise.clamp_(min=_TINY)
         log_e = noise.log_().neg_().log_()  # log E, E = -log U ~ Exp(1)
-        race = processed.cpu() - log_e
-        token = torch.argmax(race, dim=1)  # first maximum per row
+        # argmax(processed - log E): the first maximum per row (nan first), native where it builds
+        token = native_random.race_argmax(processed.cpu(), log_e)
+        if token is None:
+            token = torch.argmax(processed.cpu() - log_e, dim=1)
         return processed, token.to(logits.device)

@@ -54,6 +54,7 @@ SIGNATURES = {
     "zm_moe_experts": ("piLLppLLLipLLipLLipi", ctypes.c_int),
     "zm_causal_conv1d": ("piLLpLppLpppippi", ctypes.c_int),
     "zm_uniform_rows": ("pLLp", None),
+    "zm_race_argmax": ("ppLLp", None),
     "zm_silu_mul": ("ppiLLLLpi", None),
     "zm_copy_rows": ("pLpLpLpLLL", ctypes.c_int),  # (these two: step-graph replays, kernels/step_graph.py)
     "zm_add_f32": ("pppL", None),

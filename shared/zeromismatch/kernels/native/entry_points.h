@@ -25,6 +25,7 @@ int zm_moe_experts(const void *, int, int64_t, int64_t, const int64_t *, const f
 int zm_causal_conv1d(const void *, int, int64_t, int64_t, const float *, int64_t, const float *, const int64_t *,
                      int64_t, const void *, const int64_t *, const uint8_t *, int, void *, void *, int);
 void zm_uniform_rows(const uint64_t *, int64_t, int64_t, float *);
+void zm_race_argmax(const float *, const float *, int64_t, int64_t, int64_t *);
 int zm_panel_gemm_reduced(const void *, int64_t, const void *, int64_t, int64_t, int, int64_t, int64_t, int64_t, int,
                           void *, int, int);
 void zm_silu_mul(const void *, const void *, int, int64_t, int64_t, int64_t, int64_t, void *, int);

@@ -93,6 +93,7 @@ DEFINE_INT(zm_causal_conv1d, "piLLpLppLpppippi",
            zm_causal_conv1d(P(0), I(1), L(2), L(3), P(4), L(5), P(6), P(7), L(8), P(9), P(10), P(11), I(12), P(13),
                             P(14), I(15)))
 DEFINE_VOID(zm_uniform_rows, "pLLp", zm_uniform_rows(P(0), L(1), L(2), P(3)))
+DEFINE_VOID(zm_race_argmax, "ppLLp", zm_race_argmax(P(0), P(1), L(2), L(3), P(4)))
 DEFINE_VOID(zm_silu_mul, "ppiLLLLpi", zm_silu_mul(P(0), P(1), I(2), L(3), L(4), L(5), L(6), P(7), I(8)))
 DEFINE_INT(zm_copy_rows, "pLpLpLpLLL", zm_copy_rows(P(0), L(1), P(2), L(3), P(4), L(5), P(6), L(7), L(8), L(9)))
 DEFINE_VOID(zm_add_f32, "pppL", zm_add_f32(P(0), P(1), P(2), L(3)))
@@ -251,7 +252,7 @@ static PyMethodDef methods[] = {
     METHOD(zm_panel_gemm), METHOD(zm_attention),     METHOD(zm_ssm_scan),      METHOD(zm_rms_norm),
     METHOD(zm_rope),       METHOD(zm_moe_experts),   METHOD(zm_causal_conv1d), METHOD(zm_uniform_rows),
     METHOD(zm_silu_mul),   METHOD(zm_panel_gemm_reduced), METHOD(zm_copy_rows), METHOD(zm_add_f32),
-    METHOD(zm_moe_route),  METHOD(zm_copy_strided),
+    METHOD(zm_moe_route),  METHOD(zm_copy_strided), METHOD(zm_race_argmax),
     {"bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_FASTCALL, "torch's objects for the tensor-level calls"},
     {"silu_mul_tensors", (PyCFunction)(void (*)(void))silu_mul_tensors, METH_FASTCALL, "swiglu.py's silu_mul, or None"},
     {NULL, NULL, 0, NULL},

@@ -55,3 +55,23 @@ void zm_uniform_rows(const uint64_t *seeds, int64_t rows, int64_t cols, float *o
         }
     }
 }
+
+/* The sampler's race (engine/sampler.py): per row, torch.argmax(processed - log_e) -- each
+ * difference one IEEE subtraction, the first maximum, and the first nan where there is one (torch's
+ * argmax ranks nan above every number; -0 and +0 tie, so the first wins) -- in one pass, without
+ * the [rows, cols] difference torch materialises. */
+void zm_race_argmax(const float *processed, const float *log_e, int64_t rows, int64_t cols, int64_t *tokens) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *p = processed + r * cols, *e = log_e + r * cols;
+        float best = p[0] - e[0];
+        int64_t at = 0;
+        for (int64_t c = 1; c < cols && best == best; c++) {
+            const float v = p[c] - e[c];
+            if (v != v || v > best) {
+                best = v;
+                at = c;
+            }
+        }
+        tokens[r] = at;
+    }
+}

@@ -65,6 +65,25 @@ def uniform_rows_from(seeds: torch.Tensor, cols: int) -> torch.Tensor | None:
     return out
 
 
+def race_argmax(processed: torch.Tensor, log_e: torch.Tensor) -> torch.Tensor | None:
+    """``torch.argmax(processed - log_e, dim=1)`` (the sampler's race) in one native pass, the same
+    indices (random.c states the rule); None where the native library does not build here or the
+    operands are not contiguous fp32 CPU ``[rows, cols]`` tensors of one shape (the caller runs torch)."""
+    library = _library()
+    tensors = (processed, log_e)
+    if library is None or any(
+        t.dtype != torch.float32 or t.device != CPU or not t.is_contiguous() for t in tensors
+    ):
+        return None
+    if processed.dim() != 2 or processed.shape != log_e.shape or processed.shape[1] == 0:
+        return None
+    tokens = torch.empty(processed.shape[0], dtype=torch.int64, device=CPU)
+    library.zm_race_argmax(
+        processed.data_ptr(), log_e.data_ptr(), processed.shape[0], processed.shape[1], tokens.data_ptr()
+    )
+    return tokens
+
+
 def uniform_rows(seeds: list[int], cols: int) -> torch.Tensor | None:
     """fp32 ``[len(seeds), cols]``: row r is ``torch.Generator().manual_seed(seeds[r])``'s first
     ``cols`` draws of ``uniform_``; None when the native library does not build here. Seeds are
