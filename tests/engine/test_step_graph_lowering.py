@@ -112,3 +112,33 @@ def test_layouts_it_does_not_take_stay_torch_ops():
         graph.replay()
         assert torch.equal(broadcast, x + row) and torch.equal(transposed, x.t().contiguous())
         assert torch.equal(bf16_sum, half + half)
+
+
+def test_views_whose_bytes_are_not_their_values_are_not_lowered():
+    """A lazily negated view holds the un-negated values: a byte copy would replay the wrong sign
+    (found in review), so such operands keep the torch op."""
+    if not _build.available():
+        pytest.skip(_build.unavailable_reason())
+    x = torch.tensor([1.0, 2.0, 3.0])
+    lazy = torch._neg_view(x)
+    with torch.no_grad():
+        graph, out = capture(lambda: lazy.clone(), held=[x])
+        assert graph.native_call_names() == []
+        x.copy_(torch.tensor([10.0, 20.0, 30.0]))
+        graph.replay()
+    assert torch.equal(out, torch.tensor([-10.0, -20.0, -30.0]))
+
+
+def test_a_negative_gather_index_counts_from_the_end_as_in_torch():
+    if not _build.available():
+        pytest.skip(_build.unavailable_reason())
+    table, ids = torch.randn(10, 4), torch.tensor([-1, 2])
+    with torch.no_grad():
+        graph, out = capture(lambda: table[ids], held=[table, ids])
+        assert graph.native_call_names() == ["zm_copy_rows"]
+        ids.copy_(torch.tensor([3, -10]))
+        graph.replay()
+        assert torch.equal(out, table[ids])
+        ids.copy_(torch.tensor([3, -11]))  # outside: torch raises, the replay diverges
+        with pytest.raises(ReplayDiverged):
+            graph.replay()

@@ -123,3 +123,28 @@ def test_bad_slots_are_one_clear_error(op):
     store.requires_grad_(True)
     with pytest.raises(ValueError, match="no_grad"):
         _run(ks, op, inputs, store, state_slots=torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d", "ssm_scan"])
+def test_a_store_of_another_dtype_changes_only_the_batch_rows(op):
+    """A store the native kernels cannot update in place (another dtype than the activations for the
+    conv, not fp32 for the scan) goes through a gather and a scatter: the other slots keep their
+    bits (found in review: a whole-store round trip through bf16 rounded them) and the batch's rows
+    get the aligned-native bits of the gathered call."""
+    gen = torch.Generator().manual_seed(11)
+    inputs, store = (_conv_case if op == "causal_conv1d" else _scan_case)(gen, [1, 1, 1])
+    if op == "causal_conv1d":
+        inputs = {**inputs, "x": inputs["x"].bfloat16()}  # an fp32 store, bf16 activations
+    else:
+        store = store.bfloat16()  # a bf16 store, fp32 arithmetic
+    ks = get_kernels("aligned-native")
+    slots, has_initial = torch.tensor([4, 0, 2]), torch.tensor([True, False, True])
+    gathered = store[slots].clone()
+    gathered[1] = 0
+    y_expected, final_expected = _run(ks, op, inputs, gathered)
+    updated = store.clone()
+    with torch.no_grad():
+        y, _ = _run(ks, op, inputs, updated, state_slots=slots, has_initial_state=has_initial)
+    assert torch.equal(y, y_expected)
+    assert torch.equal(updated[slots], final_expected.to(updated.dtype))
+    assert torch.equal(updated[[1, 3, 5]], store[[1, 3, 5]])

@@ -15,7 +15,11 @@ Capture runs ``fn()`` for real (its result is this step's result) while recordin
   allocations write nothing and are dropped.
 Replay runs the records in order. Each op is the same function on the same shapes and the same
 memory, so a replay gives the bits the eager forward gives for the same inputs (tests compare them
-with ``torch.equal``, and the engine's parity chain runs with graphs on).
+with ``torch.equal``, and the engine's parity chain runs with graphs on). Plain data movement and
+same-shape fp32 adds are recorded as native calls instead (``replay_lowering.py``: row copies through an
+index, strided copies, ``zm_add_f32``): a copy moves bytes and an fp32 add is one IEEE addition per
+element, so the bits are the op's without ~5 us of torch dispatch each; a replayed index outside
+its tensor makes such a call return 1, which diverges the replay (below).
 
 Memory. The graph holds every tensor the capture touched, every value the packed-weight cache
 handed out during it (``aligned/gemm.py``: weight panels, rope tables, dequantized weights, which
@@ -66,6 +70,7 @@ from .aligned.gemm import packed_weights
 from .base import QuantizedWeight
 from .host_reads import host_reads_for_checks, reading_for_checks
 from .native import _build
+from .replay_lowering import NativeRecord, lowered, same_bytes
 
 __all__ = ["Guard", "ReplayDiverged", "StepGraph", "capture", "host_reads_for_checks"]
 
@@ -166,8 +171,10 @@ class _Recorder(TorchDispatchMode):
             graph.refuse(f"{func} on a {unusual[0]} tensor")
             return
         if func._schema.is_mutable:
-            lowered = _lowered(graph.library, func, args, kwargs, None)
-            graph.records.extend(lowered if lowered is not None else [(_call_op, (func, args, kwargs))])
+            native = lowered(graph.library, func, args, kwargs, None)
+            graph.records.extend(
+                _records(graph, native) if native is not None else [(_call_op, (func, args, kwargs))]
+            )
             return
         input_storages = {_storage_key(t) for t in inputs}
         if outputs and all(_storage_key(t) in input_storages for t in outputs):
@@ -177,9 +184,9 @@ class _Recorder(TorchDispatchMode):
             if inputs and not isinstance(out, torch.dtype | torch.Size | type(None)):
                 graph.refuse(f"{func} returned a {type(out).__name__} to Python at capture")
             return
-        lowered = _lowered(graph.library, func, args, kwargs, out) if isinstance(out, torch.Tensor) else None
+        native = lowered(graph.library, func, args, kwargs, out) if isinstance(out, torch.Tensor) else None
         graph.records.extend(
-            lowered if lowered is not None else [_functional_record(func, args, kwargs, out)]
+            _records(graph, native) if native is not None else [_functional_record(func, args, kwargs, out)]
         )
         graph.note_private(outputs)
 
@@ -209,14 +216,6 @@ def _out_overload(func):
     return None
 
 
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype or a.stride() != b.stride():
-        return False
-    if a.dtype is torch.bool or not a.is_floating_point():
-        return torch.equal(a, b)
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-
-
 def _functional_record(func, args, kwargs, out):
     """Replaying ``out = func(*args)``: through its ``out=`` overload writing the captured tensor in
     place when there is one and it gives the captured bytes here (checked once, at capture), else
@@ -231,145 +230,10 @@ def _functional_record(func, args, kwargs, out):
                     out_func(*args, **kwargs, out=probe)
             except (RuntimeError, TypeError):
                 out_func = None
-            if out_func is not None and _same_bytes(probe, out):
+            if out_func is not None and same_bytes(probe, out):
                 return (_call_op, (out_func, args, {**kwargs, "out": out}))
         return (_call_op_copy, (func, args, kwargs, out))
     return (_call_op_into, (func, args, kwargs, _tensors(out)))
-
-
-_aten = torch.ops.aten
-
-
-def _rows_layout(t: torch.Tensor) -> bool:
-    """Rows along dim 0, each one contiguous block (a contiguous tensor, or a slice of one's columns)."""
-    return t.dim() >= 1 and t.layout is torch.strided and t.device.type == "cpu" and t[0].is_contiguous()
-
-
-def _strided_copy(library, dst: torch.Tensor, src: torch.Tensor):
-    """A native record copying ``src`` into ``dst`` (same shape and dtype, up to 4 dims, any strides),
-    or None."""
-    if dst.shape != src.shape or dst.dtype != src.dtype or dst.dim() > 4 or dst.numel() == 0:
-        return None
-    if any(t.layout is not torch.strided or t.device.type != "cpu" for t in (dst, src)):
-        return None
-    if 0 in dst.stride() or not _disjoint(dst, src):  # (a destination element written twice; aliasing)
-        return None
-    pad = 4 - dst.dim()
-    sizes = (1,) * pad + tuple(dst.shape)
-    values = (
-        dst.data_ptr(),
-        src.data_ptr(),
-        dst.element_size(),
-        *sizes,
-        *((0,) * pad + dst.stride()),
-        *((0,) * pad + src.stride()),
-    )
-    return (_call_native, (library.zm_copy_strided, values, None, "zm_copy_strided"))
-
-
-def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
-    return a0 != b0
-
-
-def _lowered(library, func, args, kwargs, out):
-    """Native records doing exactly what this aten call did, for the plain data movement and fp32 adds
-    a decode step is full of (``zm_copy_rows``, ``zm_add_f32`` in native/pointwise.c), or None to
-    replay the op itself. Copies move bytes and an fp32 add with alpha 1 is one IEEE addition per
-    element, so the bits are the op's; only simple layouts (contiguous tensors, rows of contiguous
-    blocks), no aliasing between source and destination, and int64 indices are taken; an add is also
-    checked once against the captured sum. A replayed
-    index outside its tensor makes the native call return 1 (``ReplayDiverged``), as the torch op
-    would raise."""
-    if library is None:
-        return None
-    name = str(func)
-    try:
-        if name == "aten.add.Tensor" and kwargs.get("alpha", 1) == 1:
-            a, b, o = args[0], args[1], out
-            tensors = (a, b, o)
-            if not all(isinstance(t, torch.Tensor) and t.dtype is torch.float32 for t in tensors):
-                return None
-            if not all(t.is_contiguous() and t.shape == o.shape and t.device.type == "cpu" for t in tensors):
-                return None
-            if any(t.data_ptr() != o.data_ptr() and not _disjoint(t, o) for t in (a, b)):
-                return None
-            # checked once, as the out= overloads are (_functional_record): the sum gives torch's bytes
-            probe = torch.empty_like(o)
-            library.zm_add_f32(a.data_ptr(), b.data_ptr(), probe.data_ptr(), o.numel())
-            if not _same_bytes(probe, o):
-                return None
-            values = (a.data_ptr(), b.data_ptr(), o.data_ptr(), o.numel())
-            return [(_call_native, (library.zm_add_f32, values, None, "zm_add_f32"))]
-        if name == "aten.index_copy_.default":
-            target, dim, index, source = args
-            if dim not in (0, -target.dim()) or not (target.is_contiguous() and _rows_layout(source)):
-                return None
-            if index.dtype is not torch.int64 or index.dim() != 1 or not index.is_contiguous():
-                return None
-            if (
-                source.dtype != target.dtype
-                or source.shape[1:] != target.shape[1:]
-                or not _disjoint(source, target)
-            ):
-                return None
-            row = target[0].numel() * target.element_size()
-            values = (
-                target.data_ptr(),
-                row,
-                index.data_ptr(),
-                target.shape[0],
-                source.data_ptr(),
-                source.stride(0) * source.element_size(),
-                None,
-                source.shape[0],
-                index.numel(),
-                row,
-            )
-            return [(_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows"))]
-        if name == "aten.index.Tensor":
-            source, (index,) = args[0], args[1]
-            if not isinstance(index, torch.Tensor) or index.dtype is not torch.int64 or index.dim() != 1:
-                return None
-            if not (source.is_contiguous() and out.is_contiguous() and index.is_contiguous()):
-                return None
-            if out.shape != (index.numel(), *source.shape[1:]) or out.dtype != source.dtype:
-                return None
-            row = source[0].numel() * source.element_size()
-            values = (
-                out.data_ptr(),
-                row,
-                None,
-                out.shape[0],
-                source.data_ptr(),
-                row,
-                index.data_ptr(),
-                source.shape[0],
-                index.numel(),
-                row,
-            )
-            return [(_call_native, (library.zm_copy_rows, values, 0, "zm_copy_rows"))]
-        if name == "aten.clone.default":
-            record = _strided_copy(library, out, args[0])
-            return None if record is None else [record]
-        if name == "aten.cat.default":
-            parts, dim = args[0], (args[1] if len(args) > 1 else kwargs.get("dim", 0))
-            dim = dim % out.dim()
-            records, offset = [], 0
-            for part in parts:
-                if part.numel() == 0:
-                    continue
-                if part.dim() != out.dim():
-                    return None
-                record = _strided_copy(library, out.narrow(dim, offset, part.shape[dim]), part)
-                if record is None:
-                    return None
-                records.append(record)
-                offset += part.shape[dim]
-            return records if offset == out.shape[dim] else None
-    except (TypeError, ValueError, IndexError, AttributeError, KeyError):
-        return None
-    return None
 
 
 class _RecordingLibrary:
@@ -394,6 +258,11 @@ class _RecordingLibrary:
             return status
 
         return record
+
+
+def _records(graph: StepGraph, native: list[NativeRecord]) -> list[tuple]:
+    """``replay_lowering``'s records as the graph's native-call records."""
+    return [(_call_native, (getattr(graph.library, r.name), r.values, r.status, r.name)) for r in native]
 
 
 def _call_native(function, args, status, name) -> None:
@@ -487,7 +356,7 @@ class StepGraph:
         self._private: set[int] = set()
         self.replays = 0
         self.thread = threading.get_ident()
-        #: the native library, for the records that stand in for torch ops (``_lowered``); None: none
+        #: the native library, for the records that stand in for torch ops (``replay_lowering``)
         self.library = None
 
     def note_private(self, tensors: list[torch.Tensor]) -> None:

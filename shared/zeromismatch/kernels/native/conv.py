@@ -47,6 +47,15 @@ def causal_conv1d(
     tensors = [t for t in (x, weight, bias, conv_state) if t is not None]
     if x.dtype not in _C_DTYPES or width > _MAX_TAPS:
         return aligned_ssm.causal_conv1d(x, weight, bias, cu_seqlens, conv_state, activation, *slots)
+    if state_slots is not None and (conv_state.dtype != x.dtype or not conv_state.is_contiguous()):
+        # a store the C cannot update in place: only the batch's rows may change (found in review: a
+        # whole-store round trip through x's dtype rounded the other slots), so gather and scatter
+        return aligned_ssm.through_slots(
+            conv_state,
+            state_slots,
+            has_initial_state,
+            lambda state: causal_conv1d(x, weight, bias, cu_seqlens, state, activation),
+        )
     require_cpu(*tensors, cu, *(t for t in slots if t is not None))  # the C reads cu and slots from memory
     num_seqs, channels = cu.numel() - 1, x.shape[1]
 
@@ -61,7 +70,7 @@ def causal_conv1d(
         y = torch.empty(x.shape[0], channels, dtype=x.dtype, device=CPU)
         if state_slots is None:
             new_state = torch.empty(num_seqs, channels, width - 1, dtype=x.dtype, device=CPU)
-        else:  # the store's rows are updated in place (through a copy when it is not x's dtype)
+        else:  # the store's rows are updated in place
             new_state = state
         status = _build.library().zm_causal_conv1d(
             xs.data_ptr(),

@@ -153,16 +153,25 @@ int zm_rope(const void *x, int bf16, int64_t tokens, int64_t heads, int64_t stri
  * the same addition), so each gives the bits of the torch op it stands for, without the ~5 us of
  * torch dispatch per op. */
 
-/* n rows of row_bytes: row r of dst (at dst_index[r], or r) takes row r of src (at src_index[r],
- * or r); row strides in bytes. Returns 1, writing nothing, when an index is outside [0, rows). */
+/* row r of src for a gather index, which counts from the end when negative (torch's t[idx]) */
+static inline int64_t gather_row(const int64_t *src_index, int64_t r, int64_t src_rows) {
+    if (!src_index) return r;
+    const int64_t s = src_index[r];
+    return s < 0 ? s + src_rows : s;
+}
+
+/* n rows of row_bytes: row r of dst (at dst_index[r], or r: index_copy_, whose indices must lie in
+ * [0, dst_rows)) takes row r of src (at src_index[r], or r: a gather, whose negative indices count
+ * from the end); row strides in bytes. Returns 1, writing nothing, when an index is outside its
+ * tensor (where the torch op raises). */
 int zm_copy_rows(void *dst, int64_t dst_stride, const int64_t *dst_index, int64_t dst_rows, const void *src,
                  int64_t src_stride, const int64_t *src_index, int64_t src_rows, int64_t n, int64_t row_bytes) {
     for (int64_t r = 0; r < n; r++) {
-        const int64_t d = dst_index ? dst_index[r] : r, s = src_index ? src_index[r] : r;
+        const int64_t d = dst_index ? dst_index[r] : r, s = gather_row(src_index, r, src_rows);
         if (d < 0 || d >= dst_rows || s < 0 || s >= src_rows) return 1;
     }
     for (int64_t r = 0; r < n; r++) {
-        const int64_t d = dst_index ? dst_index[r] : r, s = src_index ? src_index[r] : r;
+        const int64_t d = dst_index ? dst_index[r] : r, s = gather_row(src_index, r, src_rows);
         memcpy((char *)dst + d * dst_stride, (const char *)src + s * src_stride, (size_t)row_bytes);
     }
     return 0;

@@ -50,7 +50,7 @@ def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit, slots) -> tupl
     state_in = None if ssm_state is None else f32(ssm_state)
     if state_slots is None:
         state_out = torch.empty(num_seqs, heads, head_dim, n_state, dtype=torch.float32, device=CPU)
-    else:  # the store's rows are updated in place (through a copy when it is not fp32 contiguous)
+    else:  # the store's rows are updated in place (ssm_scan sends other stores through a gather)
         state_out = state_in
     y = torch.empty(total, heads, head_dim, dtype=torch.float32, device=CPU)
     status = _build.library().zm_ssm_scan(
@@ -109,6 +109,14 @@ def ssm_scan(
     slots = (state_slots, has_initial_state)
     cu = aligned_ssm.check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state, *slots)
     aligned_ssm.check_dt_limit(dt_limit)
+    if state_slots is not None and (ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous()):
+        # a store the C cannot update in place: gather the batch's rows and scatter them back
+        return aligned_ssm.through_slots(
+            ssm_state,
+            state_slots,
+            has_initial_state,
+            lambda state: ssm_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, state, dt_limit),
+        )
     inputs = (x, dt, A, B, C, D, dt_bias) + (() if ssm_state is None else (ssm_state,))
 
     def forward():
