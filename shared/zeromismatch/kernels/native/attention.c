@@ -115,7 +115,9 @@ typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
  * query row of an item prefetches the next 16-key block's K rows and the current block's V rows
  * (its later rows find the keys in cache; prefetching for them cost a cache-warm prefill ~10 %).
  * Measured in-engine with one key at a time (tiny-qwen3 decode, interleaved A/B runs): 245 us per
- * call without, 222 at 8 keys ahead, 223 at 16. No bits change: prefetches only move data. */
+ * call without, 222 at 8 keys ahead, 223 at 16. Since keys are scored 16 at a time, A/B runs with
+ * and without it, two blocks ahead, or every KV head's row at once were within this machine's noise
+ * (session 18); it stays. No bits change: prefetches only move data. */
 /* query rows an item needs before its bf16 K/V rows are widened to fp32 once (a decode item has
  * Hq/Hkv rows, which would not repay the copy) */
 #define WIDEN_MIN_ROWS 16
