@@ -120,6 +120,9 @@ def test_bad_slots_are_one_clear_error(op):
             _run(ks, op, inputs, None, has_initial_state=torch.tensor([True, True]))
         with pytest.raises(ValueError, match=f"needs {name}"):
             _run(ks, op, inputs, None, state_slots=torch.tensor([0, 1]))
+    # an op that wrote its store cannot be recomputed for a backward: slots need no_grad
+    with pytest.raises(ValueError, match="no_grad"):
+        _run(ks, op, inputs, store, state_slots=torch.tensor([0, 1]))
     store.requires_grad_(True)
     with pytest.raises(ValueError, match="no_grad"):
         _run(ks, op, inputs, store, state_slots=torch.tensor([0, 1]))

@@ -264,7 +264,7 @@ class LLM:
                 request.status = RequestStatus.FINISHED_STOPPED
             elif len(token_ids) >= params.max_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH
-            elif len(request.prompt_token_ids) + len(token_ids) >= max_model_len:
+            elif request.num_tokens >= max_model_len:
                 request.status = RequestStatus.FINISHED_LENGTH
             if request.finished:
                 self.scheduler.release(request)

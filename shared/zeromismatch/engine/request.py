@@ -69,7 +69,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return self.status not in _UNFINISHED
+        return self.status.finished
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(

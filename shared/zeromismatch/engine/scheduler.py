@@ -116,8 +116,7 @@ class Scheduler:
         self.waiting = deque(pending)
 
     def _chunk_size(self, request: Request, budget: int) -> int:
-        total = len(request.prompt_token_ids) + len(request.output_token_ids)  # (request.num_tokens, inlined)
-        remaining = total - request.num_computed_tokens
+        remaining = request.num_tokens - request.num_computed_tokens
         if self.prefill_chunk is not None:
             remaining = min(remaining, self.prefill_chunk)
         return min(remaining, budget)

@@ -164,12 +164,10 @@ class DecodeGraphs:
         if not self.enabled:
             return None
         requests, blocks = [], 0
-        for chunk in chunks:  # (chunk.samples and request.num_tokens inlined: every request, every step)
-            request = chunk.request
-            if chunk.num_tokens != 1 or chunk.start + 1 != len(request.prompt_token_ids) + len(
-                request.output_token_ids
-            ):
+        for chunk in chunks:  # (one pass: every request, every step)
+            if chunk.num_tokens != 1 or not chunk.samples:
                 return None  # a prefill chunk, or one that does not sample
+            request = chunk.request
             requests.append(request)
             blocks = max(blocks, len(request.block_ids))
         if self.guard is not None and not self.guard.holds():

@@ -36,14 +36,12 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _rows_layout(t: torch.Tensor) -> bool:
     """Rows along dim 0, each one contiguous block (a contiguous tensor, or a slice of one's columns)."""
-    return t.dim() >= 1 and t.layout is torch.strided and t.device.type == "cpu" and t[0].is_contiguous()
+    return t.dim() >= 1 and t[0].is_contiguous()
 
 
 def _strided_copy(dst: torch.Tensor, src: torch.Tensor) -> NativeRecord | None:
     """A record copying ``src`` into ``dst`` (same shape and dtype, up to 4 dims, any strides), or None."""
     if dst.shape != src.shape or dst.dtype != src.dtype or dst.dim() > 4 or dst.numel() == 0:
-        return None
-    if any(t.layout is not torch.strided or t.device.type != "cpu" for t in (dst, src)):
         return None
     if 0 in dst.stride() or not _disjoint(dst, src):  # (a destination element written twice; aliasing)
         return None
@@ -69,10 +67,13 @@ def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _plain(tensors) -> bool:
-    """Every operand a tensor whose bytes are its values: a lazily negated or conjugated view holds
-    the un-negated values, which a byte copy would move (found in review: a replayed clone of such a
-    view lost its sign)."""
-    return all(isinstance(t, torch.Tensor) and not (t.is_neg() or t.is_conj()) for t in tensors)
+    """Every operand a strided CPU tensor whose bytes are its values, which the native calls read and
+    write by address: a lazily negated or conjugated view holds the un-negated values, which a byte
+    copy would move (found in review: a replayed clone of such a view lost its sign)."""
+    return all(
+        t.layout is torch.strided and t.device.type == "cpu" and not (t.is_neg() or t.is_conj())
+        for t in tensors
+    )
 
 
 def lowered(library, func, args, kwargs, out) -> list[NativeRecord] | None:
@@ -101,7 +102,7 @@ def lowered(library, func, args, kwargs, out) -> list[NativeRecord] | None:
             tensors = (a, b, o)
             if not all(isinstance(t, torch.Tensor) and t.dtype is torch.float32 for t in tensors):
                 return None
-            if not all(t.is_contiguous() and t.shape == o.shape and t.device.type == "cpu" for t in tensors):
+            if not all(t.is_contiguous() and t.shape == o.shape for t in tensors):
                 return None
             if any(t.data_ptr() != o.data_ptr() and not _disjoint(t, o) for t in (a, b)):
                 return None

@@ -183,8 +183,17 @@ def check_state_slots(store, state_slots, has_initial_state, num_seqs: int, name
         raise ValueError(f"state_slots hold {outside[0]}, outside {name}'s slots 0..{store.shape[0] - 1}")
     if len(set(slots)) != len(slots):
         raise ValueError(f"state_slots must be distinct (each sequence writes its own row), got {slots}")
-    if torch.is_grad_enabled() and store.requires_grad:
+    if torch.is_grad_enabled():
+        # (an op that wrote its store cannot be differentiated or recomputed for a backward: the store
+        # already holds the final states)
         raise ValueError(f"state_slots update {name} in place, which autograd cannot record: use no_grad")
+
+
+def updatable_in_place(store: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a native kernel can read and write ``store``'s rows by address as ``dtype`` values: that
+    dtype, contiguous, and its bytes its values (not a lazily negated or conjugated view). Other
+    stores go through ``through_slots``."""
+    return store.dtype == dtype and store.is_contiguous() and not (store.is_neg() or store.is_conj())
 
 
 def through_slots(store, state_slots, has_initial_state, run):

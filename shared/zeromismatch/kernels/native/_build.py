@@ -56,9 +56,10 @@ SIGNATURES = {
     "zm_uniform_rows": ("pLLp", None),
     "zm_race_argmax": ("ppLLp", None),
     "zm_silu_mul": ("ppiLLLLpi", None),
-    "zm_copy_rows": ("pLpLpLpLLL", ctypes.c_int),  # (these two: step-graph replays, kernels/step_graph.py)
-    "zm_add_f32": ("pppL", None),
+    # (these three: what a step graph replays for some torch ops, kernels/replay_lowering.py)
+    "zm_copy_rows": ("pLpLpLpLLL", ctypes.c_int),
     "zm_copy_strided": ("ppLLLLLLLLLLLLL", None),
+    "zm_add_f32": ("pppL", None),
     "zm_moe_route": ("ppLLLLLiiifpp", ctypes.c_int),
     "zm_silu_mul_reference": ("ppLp", None),  # ctypes only: the tests' scalar rule
 }

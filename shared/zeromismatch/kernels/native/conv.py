@@ -47,7 +47,7 @@ def causal_conv1d(
     tensors = [t for t in (x, weight, bias, conv_state) if t is not None]
     if x.dtype not in _C_DTYPES or width > _MAX_TAPS:
         return aligned_ssm.causal_conv1d(x, weight, bias, cu_seqlens, conv_state, activation, *slots)
-    if state_slots is not None and (conv_state.dtype != x.dtype or not conv_state.is_contiguous()):
+    if state_slots is not None and not aligned_ssm.updatable_in_place(conv_state, x.dtype):
         # a store the C cannot update in place: only the batch's rows may change (found in review: a
         # whole-store round trip through x's dtype rounded the other slots), so gather and scatter
         return aligned_ssm.through_slots(
@@ -92,16 +92,13 @@ def causal_conv1d(
         )
         if status != 0:  # unreachable: the width was checked above
             raise RuntimeError(f"zm_causal_conv1d refused conv width {width}")
-        if state_slots is None:
-            return y, new_state
-        if new_state.data_ptr() != conv_state.data_ptr() or new_state.dtype != conv_state.dtype:
-            conv_state.copy_(new_state)
-        return y, conv_state
+        return y, new_state if state_slots is None else conv_state
 
     def reference(x_, weight_, *optional):  # optional: bias, then conv_state, each when given
         rest = iter(optional)
         bias_ = None if bias is None else next(rest)
         state_ = None if conv_state is None else next(rest)
-        return aligned_ssm.causal_conv1d(x_, weight_, bias_, cu_seqlens, state_, activation, *slots)
+        # (never with state_slots: those are refused under autograd, so no backward reaches here)
+        return aligned_ssm.causal_conv1d(x_, weight_, bias_, cu_seqlens, state_, activation)
 
     return native_with_reference_backward(forward, reference, *tensors)

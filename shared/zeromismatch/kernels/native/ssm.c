@@ -19,8 +19,8 @@
  *
  * Layouts (all fp32): x [T, Hs, P], dt [T, Hs], B and C [T, G, N], each contiguous within a token
  * and x_row, dt_row, b_row, c_row elements from one token to the next (column slices of one
- * projection, read in place); A, D, dt_bias [Hs]; sequence s is rows start[s] .. start[s]+len[s]-1; state_in (or NULL for zeros)
- * and state_out [S, Hs, P, N]; y [T, Hs, P]. With state_index (int64 [S]), state_in is a per-slot
+ * projection, read in place); A, D, dt_bias [Hs]; sequence s is rows start[s] .. start[s]+len[s]-1;
+ * state_in (or NULL for zeros) and state_out [S, Hs, P, N]; y [T, Hs, P]. With state_index (int64 [S]), state_in is a per-slot
  * store [N, Hs, P, N], and so is state_out (they may be one buffer, updated in place): sequence s
  * reads and writes row state_index[s] (distinct); has_state (bytes [S], or NULL = all) 0 marks a
  * fresh sequence, which starts from zeros.

@@ -84,11 +84,7 @@ def _forward(x, dt, A, B, C, D, dt_bias, cu, ssm_state, dt_limit, slots) -> tupl
     if status != 0:
         raise MemoryError("aligned-native ssm_scan could not allocate its scratch memory")
     y = y if x.dtype == torch.float32 else y.to(x.dtype)
-    if state_slots is None:
-        return y, state_out
-    if state_out.data_ptr() != ssm_state.data_ptr() or state_out.dtype != ssm_state.dtype:
-        ssm_state.copy_(state_out)
-    return y, ssm_state
+    return y, state_out if state_slots is None else ssm_state
 
 
 def ssm_scan(
@@ -109,7 +105,7 @@ def ssm_scan(
     slots = (state_slots, has_initial_state)
     cu = aligned_ssm.check_scan(x, dt, A, B, C, D, dt_bias, cu_seqlens, ssm_state, *slots)
     aligned_ssm.check_dt_limit(dt_limit)
-    if state_slots is not None and (ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous()):
+    if state_slots is not None and not aligned_ssm.updatable_in_place(ssm_state, torch.float32):
         # a store the C cannot update in place: gather the batch's rows and scatter them back
         return aligned_ssm.through_slots(
             ssm_state,
@@ -124,6 +120,7 @@ def ssm_scan(
 
     def reference(*tensors):
         state = tensors[7] if len(tensors) > 7 else None
-        return aligned_ssm.ssm_scan(*tensors[:7], cu_seqlens, state, dt_limit, *slots)
+        # (never with state_slots: those are refused under autograd, so no backward reaches here)
+        return aligned_ssm.ssm_scan(*tensors[:7], cu_seqlens, state, dt_limit)
 
     return native_with_reference_backward(forward, reference, *inputs)
