@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (Python 3.11 is all they need):
-#   make reproduce   - set up, run every mini reproduction, rebuild figures + report
+#   make reproduce   - set up, rerun every mini run and verify it bit for bit, rebuild figures + report
 #   make test        - set up, lint, run the whole test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -27,11 +27,14 @@ test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
-# one torch thread, as the committed runs were made: the trainer's backward (unlike the aligned
-# forward) is not thread-count invariant, so a run's weights hash depends on the thread count
+# verify: rerun every mini run into runs/reproduce-<date>/ and compare each with results/reproduced/
+# bit for bit (exit 1 on any difference); UPDATE=1 replaces results/reproduced/ with the fresh runs.
+# The script fixes the thread count (one torch thread: the trainer's backward is not thread-count
+# invariant) and the rest of what the bits depend on. The report is rebuilt from results/ either way,
+# and the verify step's exit code is make's.
 reproduce: venv
-	OMP_NUM_THREADS=1 $(PY) scripts/reproduce_mini.py
-	$(PY) paper_figures/make_all.py
+	$(PY) scripts/reproduce_mini.py $(if $(filter-out 0,$(UPDATE)),--update); rc=$$?; \
+	  $(PY) paper_figures/make_all.py || exit $$?; exit $$rc
 
 figures: venv
 	$(PY) paper_figures/make_all.py

@@ -1,93 +1,454 @@
-"""Run every mini-scale reproduction that exists, then the ratio benchmarks.
+"""Verify the committed mini runs: rerun every one into a fresh directory and compare them bit for bit.
 
-Each experiment folder with a ``launch.py`` is run as
-``python experiments/<name>/launch.py --scale mini``; results land in
-``results/reproduced/<name>/mini/`` (arms already done are skipped). Then the
-learnability suite (every env, several seeds) writes ``results/reproduced/learnability/``, and the
-benchmarks that published claims point at write ``results/reproduced/benchmarks/``.
-A failing step is reported and the others still run; the exit code is non-zero if
-any failed.
+Every experiment's mini arms (``experiments/<name>/launch.py --scale mini``) and the learnability suite
+(``scripts/learnability.py``) rerun into ``--out`` (default ``runs/reproduce-<date>/`` of this script's
+checkout), laid out like ``results/reproduced/``. The ratio benchmarks run too, into ``<out>/benchmarks/``;
+they are timings and are never compared. Each rerun is then compared with the committed run of the same
+name under ``results/reproduced/``: ``weights_sha256`` and every other value of ``summary.json``, and of
+``metrics.jsonl`` step by step, bit for bit (the JSON text of each value), except timings (keys starting
+``time_``, ``rl.loop.TIMING_PREFIX``) and the provenance a postprocess files in ``derived_provenance``.
+A table (run | identical / differs: which fields / new: no committed run / missing: committed, not rerun)
+is printed and written with the settings to ``<out>/reproduce.json``.
 
-    python scripts/reproduce_mini.py [--only NAME ...] [--no-benchmarks] [--no-learnability] [--quiet]
+Exit 0 only when every run is identical and every step succeeded; 1 otherwise; 2 for bad arguments or
+no checkout. ``--update`` replaces what was compared under ``results/reproduced/`` (each experiment's
+``mini/``, ``learnability/``, the benchmark files written) with the fresh runs instead; when a step
+failed nothing is replaced (exit 1).
+
+Everything a bitwise result depends on that a process can choose is fixed here for every child
+(``FIXED_ENV``: one OpenMP/MKL thread, so one torch thread; the GEMM mode; CPU only; the hash seed) and
+recorded. Resumable: rerun with the same ``--out`` after an interruption and the steps that finished
+there are skipped (``<out>/.done/``); inside a step, runs that have a ``summary.json`` are skipped.
+
+    python scripts/reproduce_mini.py [--out DIR] [--update] [--only NAME ...] [--no-benchmarks]
+                                     [--no-learnability] [--quiet]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.util
+import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from zeromismatch.audit.benchmarks import PRESET_ROLLOUTS, breakdown_file
+HERE = Path(__file__).resolve()
+LEARNABILITY = "learnability"
+BENCHMARKS = "benchmarks"
+REPORT = "reproduce.json"
+DONE_DIR = ".done"
+TIMING_PREFIX = "time_"  # zeromismatch.rl.loop.TIMING_PREFIX: values that differ between identical runs
+IGNORED_SUMMARY_KEYS = ("derived_provenance",)  # which commit computed a derived value: not a result
+#: set in every child: the trainer's backward (unlike the aligned forward) is not thread-count invariant,
+#: so a run's weights hash depends on the thread count (torch takes its intra-op threads from OpenMP's);
+#: GEMM tile rows 0 is the committed runs' mode (provenance numerics.gemm_tile_rows); the mini runs are
+#: CPU runs; a fixed hash seed takes set iteration order out of the question
+FIXED_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "ZEROMISMATCH_GEMM_TILE_ROWS": "0",
+    "CUDA_VISIBLE_DEVICES": "",
+    "PYTHONHASHSEED": "0",
+}
+#: test hooks that would crash a run on purpose
+UNSET_ENV = ("ZM_CRASH_AFTER_STEP", "ZM_CRASH_DURING_CHECKPOINT")
+STATUSES = ("identical", "differs", "new", "missing")
 
-ROOT = Path(__file__).resolve().parents[1]
+
+@dataclass
+class Step:
+    """One child process; ``units`` are the files whose existence marks each of its runs finished."""
+
+    name: str
+    argv: list[str]
+    units: list[Path] = field(default_factory=list)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.name)
 
 
-def discover() -> list[Path]:
-    return sorted(p.parent for p in (ROOT / "experiments").glob("*/launch.py"))
+@dataclass
+class Row:
+    run: str
+    status: str
+    fields: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        if self.status == "differs":
+            return "differs: " + ", ".join(self.fields)
+        return {"new": "new (no committed run)", "missing": "missing (committed, not rerun)"}.get(
+            self.status, self.status
+        )
+
+
+# ---------------------------------------------------------------------------- comparison
+
+
+def _canon(value: object) -> str:
+    # json float text is repr: it round-trips every double exactly, so equal text is equal bits
+    # (and -0.0 / 0.0, 1 / 1.0 and NaN are told apart or matched as the files hold them)
+    return json.dumps(value, sort_keys=True)
+
+
+def _compared(record: dict, ignored: tuple[str, ...] = ()) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(TIMING_PREFIX) and k not in ignored}
+
+
+def _read_summary(run: Path) -> dict | None:
+    path = run / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _read_metrics(run: Path) -> list[dict] | None:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compare_run(fresh: Path, committed: Path) -> list[str]:
+    """The fields in which two run directories differ (empty: identical), weights_sha256 first."""
+    fields: list[str] = []
+    a, b = _read_summary(fresh), _read_summary(committed)
+    fresh_steps, committed_steps = _read_metrics(fresh), _read_metrics(committed)
+    for name, fresh_value, committed_value in (
+        ("summary.json", a, b),
+        ("metrics.jsonl", fresh_steps, committed_steps),
+    ):
+        if (fresh_value is None) != (committed_value is None):
+            fields.append(f"{name} ({'only committed' if fresh_value is None else 'only fresh'})")
+    if a is not None and b is not None:
+        a, b = _compared(a, IGNORED_SUMMARY_KEYS), _compared(b, IGNORED_SUMMARY_KEYS)
+        for key in sorted(set(a) | set(b), key=lambda k: (k != "weights_sha256", k)):
+            if key not in a or key not in b:
+                fields.append(f"summary.{key} (only {'committed' if key not in a else 'fresh'})")
+            elif _canon(a[key]) != _canon(b[key]):
+                fields.append("weights_sha256" if key == "weights_sha256" else f"summary.{key}")
+    if fresh_steps is not None and committed_steps is not None:
+        if len(fresh_steps) != len(committed_steps):
+            fields.append(f"metrics: {len(fresh_steps)} steps, committed {len(committed_steps)}")
+        first: dict[str, int] = {}  # metric -> first step at which it differs
+        for step, (x, y) in enumerate(zip(fresh_steps, committed_steps, strict=False)):
+            x, y = _compared(x), _compared(y)
+            for key in set(x) | set(y):
+                if key not in first and (key not in x or key not in y or _canon(x[key]) != _canon(y[key])):
+                    first[key] = step
+        fields += [f"metrics.{key} (from step {step})" for key, step in sorted(first.items(), key=_by_step)]
+    return fields
+
+
+def _by_step(item: tuple[str, int]) -> tuple[int, str]:
+    return item[1], item[0]
+
+
+def run_dirs(root: Path, group: str, depth: int) -> dict[str, Path]:
+    """Run directories ``depth`` levels below ``root/group`` (by path relative to ``root``); a run is a
+    directory holding summary.json or metrics.jsonl; dot-names (``.<arm>.partial``) are skipped."""
+    level = [root / group] if (root / group).is_dir() else []
+    for _ in range(depth):
+        level = [c for d in level for c in sorted(d.iterdir()) if c.is_dir() and not c.name.startswith(".")]
+    return {
+        d.relative_to(root).as_posix(): d
+        for d in level
+        if (d / "summary.json").is_file() or (d / "metrics.jsonl").is_file()
+    }
+
+
+def compare_groups(fresh_root: Path, committed_root: Path, groups: list[tuple[str, int]]) -> list[Row]:
+    """One row per run in either tree, for each ``(group, depth)``: see :func:`run_dirs`."""
+    rows = []
+    for group, depth in groups:
+        fresh, committed = run_dirs(fresh_root, group, depth), run_dirs(committed_root, group, depth)
+        for name in sorted(set(fresh) | set(committed)):
+            if name not in committed:
+                rows.append(Row(name, "new"))
+            elif name not in fresh:
+                rows.append(Row(name, "missing"))
+            else:
+                differing = compare_run(fresh[name], committed[name])
+                rows.append(Row(name, "differs" if differing else "identical", differing))
+    return rows
+
+
+def render_table(rows: list[Row], header: list[str]) -> str:
+    width = max([len("run"), *(len(r.run) for r in rows)])
+    lines = [*header, "", f"{'run':<{width}} | result", f"{'-' * width}-+-{'-' * 30}"]
+    lines += [f"{r.run:<{width}} | {r.text()}" for r in rows]
+    counts = {status: sum(r.status == status for r in rows) for status in STATUSES}
+    lines += ["", ", ".join(f"{n} {status}" for status, n in counts.items())]
+    return "\n".join(lines)
+
+
+def verdict(rows: list[Row], failed_steps: list[str]) -> int:
+    """0 when every run is identical and every step ran; 1 on any difference, new or missing run."""
+    return 0 if not failed_steps and all(r.status == "identical" for r in rows) else 1
+
+
+# ---------------------------------------------------------------------------- the steps
+
+
+def discover(root: Path) -> list[Path]:
+    return sorted(p.parent for p in (root / "experiments").glob("*/launch.py"))
+
+
+def mini_arms(experiment_dir: Path) -> list[str]:
+    """The experiment's mini arm names, from its configs.py (imported the way launch.py imports it)."""
+    path = experiment_dir / "configs.py"
+    spec = importlib.util.spec_from_file_location(f"reproduce_configs_{experiment_dir.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(experiment_dir))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(experiment_dir))
+    return [arm.name for arm in module.EXPERIMENT.arms_for("mini")]
+
+
+def plan(root: Path, out: Path, experiments: list[Path], learnability: bool, benchmarks: bool) -> list[Step]:
+    python = sys.executable
+    steps = [
+        Step(exp.name, [python, str(exp / "launch.py"), "--scale", "mini", "--out-root", str(out), "--quiet"],
+             [out / exp.name / "mini" / arm / "summary.json" for arm in mini_arms(exp)])
+        for exp in experiments
+    ]  # fmt: skip
+    if learnability:
+        from zeromismatch.expt.learnability import SEEDS, cases
+
+        suite = out / LEARNABILITY
+        units = [suite / case.name / f"seed{seed}" / "summary.json" for case in cases() for seed in SEEDS]
+        script = str(root / "scripts" / "learnability.py")
+        steps.append(Step(LEARNABILITY, [python, script, "--out-root", str(suite), "--quiet"], units))
+    if benchmarks:
+        steps += benchmark_steps(root, out / BENCHMARKS)
+    return steps
+
+
+def benchmark_steps(root: Path, bench: Path) -> list[Step]:
+    from zeromismatch.audit.benchmarks import PRESET_ROLLOUTS, breakdown_file
+
+    def step(name: str, script: str, out_name: str, *extra: str) -> Step:
+        argv = [sys.executable, str(root / "benchmarks" / script), *extra, "--out", str(bench / out_name)]
+        return Step(f"benchmark {name}", [*argv, "--quiet"], [bench / out_name])
+
+    return [
+        step("rollout", "rollout.py", "rollout.json"),
+        *(step(f"rollout {p}", "rollout.py", f"rollout_{p}.json", "--model", p) for p in PRESET_ROLLOUTS),
+        *(
+            step(f"rollout breakdown {p}", "rollout_breakdown.py", breakdown_file(p), "--model", p)
+            for p in ("tiny-qwen3", *PRESET_ROLLOUTS)
+        ),
+        step("async", "async.py", "async.json"),
+        step("ops", "ops.py", "ops.json", "--threads", "1"),
+    ]
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
+    env.update(FIXED_ENV)
+    return env
+
+
+def run_step(step: Step, cwd: Path, log: Path, on_poll) -> int:
+    """Run one step with its output in ``log``; ``on_poll()`` is called every second while it runs."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as sink:
+        proc = subprocess.Popen(step.argv, cwd=cwd, env=child_env(), stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    on_poll()
+        except BaseException:
+            proc.kill()  # an interrupt stops the child too; the next run resumes from what finished
+            proc.wait()
+            raise
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_all(steps: list[Step], root: Path, out: Path, quiet: bool) -> tuple[list[dict], list[str]]:
+    """Run every step not yet done in ``out``; returns per-step records and the failed step names."""
+    from tqdm import tqdm
+
+    done_dir = out / DONE_DIR
+    total = sum(max(1, len(s.units)) for s in steps)
+
+    def finished_units() -> int:
+        return sum(
+            max(1, len(s.units)) if (done_dir / s.slug).exists() else sum(u.is_file() for u in s.units)
+            for s in steps
+        )
+
+    bar = tqdm(total=total, initial=finished_units(), unit="run", desc="reproduce", disable=quiet)
+    records, failed = [], []
+
+    def poll() -> None:
+        bar.update(finished_units() - bar.n)
+
+    for step in steps:
+        if (done_dir / step.slug).exists():
+            records.append({"step": step.name, "skipped": "finished in this directory before"})
+            continue
+        bar.set_postfix_str(step.name)
+        start = time.perf_counter()
+        log = out / "logs" / f"{step.slug}.log"
+        rc = run_step(step, root, log, poll)
+        seconds = round(time.perf_counter() - start, 1)
+        records.append({"step": step.name, "argv": step.argv[1:], "exit": rc, "seconds": seconds})
+        if rc == 0:
+            done_dir.mkdir(parents=True, exist_ok=True)
+            (done_dir / step.slug).write_text(json.dumps(records[-1]) + "\n")
+        else:
+            failed.append(step.name)
+            bar.write(f"reproduce: {step.name} failed (exit {rc}); log {log}:\n{_tail(log)}", file=sys.stderr)
+        poll()
+    bar.close()
+    return records, failed
+
+
+def settings(root: Path) -> dict:
+    """What the reruns were made with: the fixed environment, what torch reports under it, the code."""
+    from zeromismatch._provenance import git_state, hardware
+
+    probe = "import json, torch; print(json.dumps([torch.__version__, torch.get_num_threads()]))"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, timeout=300
+        )
+        torch_version, threads = json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        torch_version, threads = "unknown", None
+    commit, _ = git_state(root)
+    cpu = hardware().get("cpu_model", "unknown")
+    return {"env": FIXED_ENV, "unset": list(UNSET_ENV), "torch": torch_version, "torch_threads": threads,
+            "python": sys.version.split()[0], "cpu": cpu, "git_commit": commit,
+            "checkout": str(root)}  # fmt: skip
+
+
+def header_lines(out: Path, committed: Path, config: dict) -> list[str]:
+    env = " ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in config["env"].items())
+    return [
+        f"reproduce: fresh runs in {out}, compared with {committed}",
+        f"fixed: {env}; torch {config['torch']} with {config['torch_threads']} thread(s); "
+        f"python {config['python']}; cpu {config['cpu']}",
+        f"code: {config['checkout']} at {config['git_commit']}",
+    ]
+
+
+def replace_tree(fresh: Path, committed: Path) -> None:
+    """``committed`` becomes a copy of ``fresh`` (dot-entries left out), swapped in by renames."""
+    committed.parent.mkdir(parents=True, exist_ok=True)
+    staged = committed.parent / f".{committed.name}.new"
+    aside = committed.parent / f".{committed.name}.old"
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(fresh, staged, ignore=lambda _dir, names: [n for n in names if n.startswith(".")])
+    if committed.exists():
+        os.replace(committed, aside)
+    os.replace(staged, committed)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def update(out: Path, committed: Path, groups: list[tuple[str, int]], bench_files: list[Path]) -> None:
+    for group, _ in groups:
+        if (out / group).is_dir():
+            replace_tree(out / group, committed / group)
+    for path in bench_files:
+        if path.is_file():
+            target = committed / BENCHMARKS / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target.with_name(f".{target.name}.new"))
+            os.replace(target.with_name(f".{target.name}.new"), target)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="fresh directory (default: runs/reproduce-<date>/)")
     parser.add_argument(
-        "--only", nargs="+", default=None, metavar="NAME", help="experiment folder names to run"
+        "--update",
+        action="store_true",
+        help="replace results/reproduced/ with the fresh runs, whatever the comparison says",
     )
-    parser.add_argument("--quiet", action="store_true", help="pass --quiet to each launcher")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help=f"experiment folder names (or {LEARNABILITY!r}) to rerun; no benchmarks then",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar; the table only")
     parser.add_argument("--no-benchmarks", action="store_true", help="skip benchmarks/*.py")
     parser.add_argument("--no-learnability", action="store_true", help="skip scripts/learnability.py")
     args = parser.parse_args(argv)
-    known = [p.name for p in discover()]
-    unknown = sorted(set(args.only or ()) - set(known))
+    from zeromismatch.checkout import NoCheckoutError, inside_results, use_checkout
+
+    try:
+        root = use_checkout(HERE)
+    except NoCheckoutError as err:
+        print(f"reproduce: {err}", file=sys.stderr)
+        return 2
+    known = [p.name for p in discover(root)]
+    unknown = sorted(set(args.only or ()) - {*known, LEARNABILITY})
     if unknown:
-        parser.error(f"unknown --only name(s) {unknown}; known: {', '.join(known)}")
-    experiments = [p for p in discover() if args.only is None or p.name in args.only]
-    quiet = ["--quiet"] if args.quiet else []
-    steps = [(exp.name, [str(exp / "launch.py"), "--scale", "mini", *quiet]) for exp in experiments]
-    if not args.no_learnability and args.only is None:
-        steps.append(("learnability", ["scripts/learnability.py", *quiet]))
-    if not args.no_benchmarks and args.only is None:
-        b = ROOT / "results" / "reproduced" / "benchmarks"
-        per_preset = [
-            (f"benchmark rollout {preset}", ["--model", preset, "--out", str(b / f"rollout_{preset}.json")])
-            for preset in PRESET_ROLLOUTS
-        ]
-        steps += [
-            ("benchmark rollout", ["benchmarks/rollout.py", "--out", str(b / "rollout.json"), *quiet]),
-            *((name, ["benchmarks/rollout.py", *args_, *quiet]) for name, args_ in per_preset),
-            *(
-                (
-                    f"benchmark rollout breakdown {preset}",
-                    [
-                        "benchmarks/rollout_breakdown.py",
-                        "--model",
-                        preset,
-                        "--out",
-                        str(b / breakdown_file(preset)),
-                        *quiet,
-                    ],
-                )
-                for preset in ("tiny-qwen3", *PRESET_ROLLOUTS)
-            ),
-            ("benchmark async", ["benchmarks/async.py", "--out", str(b / "async.json"), *quiet]),
-            ("benchmark ops", ["benchmarks/ops.py", "--threads", "1", "--out", str(b / "ops.json"), *quiet]),
-        ]
+        parser.error(f"unknown --only name(s) {unknown}; known: {', '.join([*known, LEARNABILITY])}")
+    only = set(args.only) if args.only is not None else None
+    experiments = [p for p in discover(root) if only is None or p.name in only]
+    learnability = not args.no_learnability and (only is None or LEARNABILITY in only)
+    benchmarks = not args.no_benchmarks and only is None
+    date = datetime.date.today().isoformat()
+    out = Path(args.out).resolve() if args.out else root / "runs" / f"reproduce-{date}"
+    committed = root / "results" / "reproduced"
+    if inside_results(out):
+        parser.error(f"--out {out} is inside results/: the fresh runs must not mix with what they verify")
+    steps = plan(root, out, experiments, learnability, benchmarks)
     if not steps:
-        print("no mini reproductions found under experiments/*/launch.py")
+        print("reproduce: nothing to run")
         return 0
-    failed = []
-    for name, script in steps:
-        cmd = [sys.executable, *script]
-        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
-        start = time.perf_counter()
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
-        print(f"== {name}: exit {rc} after {time.perf_counter() - start:.0f} s", flush=True)
-        if rc != 0:
-            failed.append(name)
+    groups = [(f"{exp.name}/mini", 1) for exp in experiments] + ([(LEARNABILITY, 2)] if learnability else [])
+    out.mkdir(parents=True, exist_ok=True)
+    config = settings(root)
+    if not args.quiet:
+        print(f"reproduce: {len(steps)} steps into {out} (rerun with --out {out} to resume)", flush=True)
+    records, failed = run_all(steps, root, out, args.quiet)
+    rows = compare_groups(out, committed, groups)
+    bench_files = [u for s in steps if s.name.startswith("benchmark ") for u in s.units]
+    print(render_table(rows, header_lines(out, committed, config)))
+    if bench_files:
+        print(f"benchmarks (timings, not compared): {sum(p.is_file() for p in bench_files)} files in "
+              f"{out / BENCHMARKS}")  # fmt: skip
+    updated = bool(args.update and not failed)
+    if updated:
+        update(out, committed, groups, bench_files)
+        print(f"reproduce: --update: {committed} now holds the fresh runs")
+    elif args.update:
+        print("reproduce: --update: a step failed, nothing replaced", file=sys.stderr)
+    from zeromismatch.io import atomic_write_json
+
+    atomic_write_json(out / REPORT, {
+        "fresh": str(out), "committed": str(committed), "settings": config, "steps": records,
+        "failed_steps": failed,
+        "runs": [{"run": r.run, "status": r.status, "fields": r.fields} for r in rows],
+        "benchmarks": [str(p) for p in bench_files if p.is_file()], "updated": updated,
+    })  # fmt: skip
     if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+        print(f"reproduce: failed: {', '.join(failed)}", file=sys.stderr)
+    if args.update:
+        return 1 if failed else 0
+    return verdict(rows, failed)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Suite-wide settings: deterministic seeds, hypothesis profiles, GPU/vLLM/native-kernel skips."""
+"""Suite-wide settings: deterministic seeds, hypothesis profiles, GPU/vLLM/native/cluster-extra skips."""
 
 from __future__ import annotations
 
@@ -19,6 +19,32 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+#: the packages of the optional ``cluster`` extra (pyproject.toml), the default of ``@pytest.mark.cluster``
+CLUSTER_MODULES = ("ray", "submitit")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cluster(*modules): needs these packages of the 'cluster' extra (default: ray and submitit); "
+        "skipped with a reason when one is missing, except under CI, where they must run",
+    )
+
+
+def _cluster_skip(item) -> pytest.MarkDecorator | None:
+    """A skip naming the missing packages for a ``cluster``-marked test, outside CI only: CI installs
+    the extra, so there a missing package must fail the test instead of hiding it."""
+    marker = item.get_closest_marker("cluster")
+    if marker is None or os.environ.get("CI"):
+        return None
+    # None also for a package hidden by a None in sys.modules (tests/test_cluster_extra_optional.py)
+    missing = [name for name in (marker.args or CLUSTER_MODULES) if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return pytest.mark.skip(
+        reason=f"needs {' and '.join(missing)} (extra 'cluster': pip install -e '.[cluster]'); not installed"
+    )
+
 
 def pytest_collection_modifyitems(config, items):
     has_gpu = torch.cuda.is_available()
@@ -38,6 +64,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_vllm)
         if "native" in item.keywords and native_reason:
             item.add_marker(skip_native)
+        skip_cluster = _cluster_skip(item)
+        if skip_cluster is not None:
+            item.add_marker(skip_cluster)
 
 
 @pytest.fixture(autouse=True)

@@ -2,10 +2,14 @@
 while the high-performance baseline's train-inference KL grows (2e-3 -> 29.9).
 
 Mini stand-in: tiny-deepseek-v3 (MLA attention, shared + routed experts, first-k dense
-layers) trained from scratch on the arithmetic env for 101 steps, once on the aligned
-stack and once on the default (fast, unaligned) kernels on both sides; a third arm runs the
-aligned-native set (attention, scan, GEMMs, norms, rope, the SwiGLU product and MoE experts in
-fixed-order C), which must keep the zero diff too.
+layers) trained from scratch on the arithmetic env for 101 steps. The aligned arms run
+DeepSeek's 128x128-block FP8 weights on both sides (the learner fake-quantizes fp32 master
+weights: ``rl/stacks.py`` ``aligned-fp8-block``), once on the pure-torch aligned set and once on
+the aligned-native set (attention, scan, GEMMs, norms, rope, the SwiGLU product and MoE experts
+in fixed-order C); both must keep the zero diff. ``fast`` is the published high-performance
+baseline (``fast-fp8-block``: a bf16 rollout on stock kernels with block-FP8 weights, an FP8 KV
+cache and a bf16 head, against the fp32-master learner); ``default`` runs the stock kernels on
+both sides in fp32 (fp32 re-association only).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.expt.spec import add_to_summary
 from zeromismatch.rl import RLConfig
+from zeromismatch.rl.stacks import stack_fields
 
 
 def _base(**changes) -> RLConfig:
@@ -27,15 +32,19 @@ def _base(**changes) -> RLConfig:
 
 def mini() -> list[Arm]:
     return [
-        Arm("aligned", _base(kernels="aligned"), "aligned kernels on engine and trainer"),
-        Arm("default", _base(kernels="default"), "stock fast kernels on both sides (the baseline)"),
+        Arm("aligned", _base(**stack_fields("aligned-fp8-block")),
+            "aligned kernels, block-FP8 weights on engine and trainer"),
+        Arm("default", _base(kernels="default"), "stock kernels on both sides in fp32 (re-association only)"),
         Arm(
             "aligned_native",
-            _base(kernels="aligned-native"),
+            _base(**stack_fields("aligned-fp8-block", kernels="aligned-native")),
             "the aligned set with attention, scan, GEMMs, norms, rope, the SwiGLU product and MoE experts in "
-            "fixed-order C (kernels/native) on both sides",
+            "fixed-order C (kernels/native) on both sides, block-FP8 weights",
         ),
-    ]
+        Arm("fast", _base(**stack_fields("fast-fp8-block")),
+            "the high-performance baseline: bf16 stock-kernel rollout, block-FP8 weights, FP8 KV cache, bf16 "
+            "head, against the fp32-master aligned learner"),
+    ]  # fmt: skip
 
 
 def smoke() -> list[Arm]:
@@ -55,17 +64,25 @@ INVARIANCE_RUNS = {
 
 def invariances(scale_dir: Path) -> None:
     """Add the three invariance measurements (max |rollout − trainer| logprob) to each arm."""
+    import json
+
     from zeromismatch.commands.parity import run_parity
 
-    kernel_sets = {"aligned": "aligned", "default": "default", "aligned_native": "aligned-native"}
-    for arm, kernels in kernel_sets.items():
+    for arm in ("aligned", "default", "aligned_native", "fast"):
         if not (scale_dir / arm / "summary.json").exists():
             continue
-        values = {
-            key: run_parity("tiny-deepseek-v3", kernels=kernels, seed=0, num_prompts=6, max_tokens=8,
-                            temperature=1.0, **options)["diff_max"]
-            for key, options in INVARIANCE_RUNS.items()
-        }  # fmt: skip
+        config = RLConfig.from_dict(json.loads((scale_dir / arm / "config.json").read_text()))
+        numerics = dict(
+            kernels=config.kernels, rollout_kernels=config.rollout_kernels, dtype=config.dtype,
+            quant=config.quant, rollout_dtype=config.rollout_dtype, rollout_quant=config.rollout_quant,
+            kv_cache_dtype=config.kv_cache_dtype, rollout_lm_head=config.rollout_lm_head,
+        )  # fmt: skip
+        values = {}
+        for key, options in INVARIANCE_RUNS.items():
+            if options.get("trainer_tp", 1) > 1 and config.engine_quant != "none":
+                continue  # quantized weights run at TP 1 only (models/quantized.py)
+            values[key] = run_parity("tiny-deepseek-v3", seed=0, num_prompts=6, max_tokens=8, temperature=1.0,
+                                     **numerics, **options)["diff_max"]  # fmt: skip
         add_to_summary(scale_dir / arm, values)
 
 
@@ -82,7 +99,7 @@ EXPERIMENT = Experiment(
         nodes=4,
         updates=101,
         env="math reasoning RL (dataset not named in the source)",
-        precision="fp8",
+        precision="fp8-block",
         source="S1",
         # S1 says "more than 100" updates and names no weight format for DeepSeek-V4-Flash (FP8/MXFP4
         # appear in S3, for DeepSeek-V4.1-Flash)

@@ -2,14 +2,18 @@
 rolling reward stays ~0.6 while the baseline falls from 0.56 to 0.23 (0.22 in the write-up).
 
 Mini stand-in: tiny-nemotron-h (Mamba2 + attention + MLP layers) on the code-repair env
-(reward = fraction of unit tests passing), aligned vs default kernels. NVFP4 weights are
-exercised by `zm parity --quant nvfp4`; RL on quantized weights is not in this build.
+(reward = fraction of unit tests passing). The aligned arm runs NVFP4 weights on both sides (the
+learner fake-quantizes fp32 master weights: ``rl/stacks.py`` ``aligned-nvfp4``), as the published
+consistent run did; ``fast`` is the NVFP4 high-performance baseline (``fast-nvfp4``: bf16 stock-kernel
+rollout, NVFP4 weights, FP8 KV cache, bf16 head, against the fp32-master learner); ``default`` runs the
+stock kernels on both sides in fp32.
 """
 
 from __future__ import annotations
 
 from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
+from zeromismatch.rl.stacks import stack_fields
 
 
 # max_new_tokens 32: the longest correct patch ("<fix>3|for i in range(1, n + 1):</fix>") is 29 tokens;
@@ -24,9 +28,12 @@ def _base(**changes) -> RLConfig:
 
 def mini() -> list[Arm]:
     return [
-        Arm("aligned", _base(kernels="aligned"), "aligned kernels (consistent run)"),
-        Arm("default", _base(kernels="default"), "stock fast kernels on both sides (baseline)"),
-    ]
+        Arm("aligned", _base(**stack_fields("aligned-nvfp4")), "aligned kernels, NVFP4 weights, both sides"),
+        Arm("default", _base(kernels="default"), "stock kernels on both sides in fp32 (re-association only)"),
+        Arm("fast", _base(**stack_fields("fast-nvfp4")),
+            "the NVFP4 high-performance baseline: bf16 stock-kernel rollout, NVFP4 weights, FP8 KV cache, "
+            "bf16 head, against the fp32-master aligned learner"),
+    ]  # fmt: skip
 
 
 def smoke() -> list[Arm]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
+from zeromismatch.rl.stacks import stack_fields
 
 
 def _base(**changes) -> RLConfig:
@@ -23,7 +24,11 @@ def mini() -> list[Arm]:
     return [
         Arm("aligned", _base(kernels="aligned", algo="reinforce_zero"), "aligned kernels, unclipped IS"),
         Arm("default", _base(kernels="default", algo="tis"), "standard kernels + truncated IS"),
-    ]
+        # S3 names FP8 (and MXFP4) as its fast paths' numerics and no format for this run: per-channel FP8
+        Arm("fast", _base(**stack_fields("fast-fp8"), algo="tis"),
+            "the high-performance rollout (bf16 stock kernels, FP8 weights, FP8 KV cache, bf16 head) + "
+            "truncated IS"),
+    ]  # fmt: skip
 
 
 def smoke() -> list[Arm]:

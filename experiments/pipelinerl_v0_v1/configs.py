@@ -25,6 +25,7 @@ from pathlib import Path
 from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.expt.spec import add_to_summary, read_records, tail_mean
 from zeromismatch.rl import RLConfig
+from zeromismatch.rl.stacks import stack_fields
 
 
 def _base(**changes) -> RLConfig:
@@ -44,12 +45,15 @@ def mini() -> list[Arm]:
                 kernels="default",
                 logprobs_mode="raw",
                 prefix_cache_versioned=False,
-                lm_head_precision="activation",
+                rollout_lm_head="activation",
             ),  # fmt: skip
             "first V1 attempt: raw logprobs, unversioned prefix cache, activation-dtype head (in this "
             "fp32, short-prompt workload only the raw logprobs take effect)",
         ),
         Arm("v1_fixed", _base(kernels="default"), "V1 after the four fixes (kernels still unaligned)"),
+        Arm("fast", _base(**stack_fields("fast-bf16")),
+            "a bf16 V1-style rollout on stock kernels with a bf16 head (fix 4 undone), processed logprobs "
+            "and a versioned prefix cache, against the fp32 learner"),
         # one fix at a time, on the aligned stack, so nothing else can explain the difference:
         Arm("prefix_cache_versioned", _prefix(True), "code-repair prompts share prefixes; versioned cache"),
         Arm("prefix_cache_unversioned", _prefix(False), "the same with a cache that ignores weight versions"),
@@ -70,7 +74,7 @@ def _prefix(versioned: bool) -> RLConfig:
 
 
 def _head(precision: str) -> RLConfig:
-    return _base(kernels="aligned", dtype="bfloat16", lm_head_precision=precision, steps=10, eval_size=4)
+    return _base(kernels="aligned", dtype="bfloat16", rollout_lm_head=precision, steps=10, eval_size=4)
 
 
 def smoke() -> list[Arm]:

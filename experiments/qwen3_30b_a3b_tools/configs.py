@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
+from zeromismatch.rl.stacks import stack_fields
 
 
 def mini() -> list[Arm]:
@@ -22,7 +23,12 @@ def mini() -> list[Arm]:
         env="tools", model="tiny-qwen3-moe", algo="reinforce_zero", steps=60, prompts_per_step=8,
         group_size=4, max_new_tokens=24, sft_steps=300, lr=3e-4, eval_size=64, eval_samples=2, seed=0, lag=2,
     )  # fmt: skip
-    return [Arm("aligned", config, "aligned kernels, async lag 2")]
+    return [
+        Arm("aligned", config, "aligned kernels, async lag 2"),
+        Arm("fast", config.replace(**stack_fields("fast-fp8-block")),
+            "async lag 2, the high-performance rollout: bf16 stock kernels, block-FP8 weights (as "
+            "Qwen3-30B-A3B-FP8), FP8 KV cache, bf16 head, fp32-master learner"),
+    ]  # fmt: skip
 
 
 def smoke() -> list[Arm]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from zeromismatch.expt import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
+from zeromismatch.rl.stacks import stack_fields
 
 
 # Learnability (docs/learnability.md): held-out single-digit facts cannot be inferred from training facts,
@@ -38,6 +39,10 @@ def mini() -> list[Arm]:
         Arm("aligned_lag8", _base(kernels="aligned", lag=8), "async lag 8, aligned"),
         Arm("aligned", _base(kernels="aligned", lag=64), "async lag 64, aligned"),
         Arm("default", _base(kernels="default", lag=64), "async lag 64, standard kernels"),
+        # S3 names FP8 (and MXFP4) as its fast paths' numerics and no format for this run: per-channel FP8
+        Arm("fast", _base(**stack_fields("fast-fp8"), lag=64),
+            "async lag 64, the high-performance rollout (bf16 stock kernels, FP8 weights, FP8 KV cache, "
+            "bf16 head), fp32-master learner"),
         # tools at lag 64: lr 1e-3 made held-out pass@1 fall (0.20 -> 0.14), lr 3e-4 raised it (0.27 -> 0.42)
         Arm(
             "tools_aligned",

@@ -28,22 +28,36 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str:
 
 
 _PROCESS_STATE: tuple[str, list[str] | None] | None = None
+# set when the frozen checkout is not the one the package was imported from (an editable install from
+# another clone): the code that ran is that clone's, so its state is recorded beside the checkout's
+_PACKAGE_STATE: dict[str, str] | None = None
 
 
-def freeze_git_state() -> None:
-    """Take this checkout's git state now and report it for the rest of the process.
+def freeze_git_state(where: str | os.PathLike | None = None) -> None:
+    """Take the git state of the checkout holding ``where`` now and report it for the rest of the process.
 
+    ``where`` is what ran: a launcher passes its configs' directory, so a run records the checkout whose
+    configs it ran, not the one the package was imported from; default: the package's own checkout
+    (its code is what ran, e.g. ``zm train`` or the learnability suite, whose cases live in it).
     A process runs the code it imported, not what the checkout holds later: a suite that runs for an
     hour while someone commits or edits used to record each run's commit as HEAD at that run's start
     (a later commit, or "-dirty") for code it had loaded before. Entry points call this first; without
-    it the first call takes the snapshot."""
-    global _PROCESS_STATE
-    _PROCESS_STATE = _local_git_state(Path(__file__).resolve().parent)
+    it the first call takes the snapshot of the package's checkout."""
+    global _PROCESS_STATE, _PACKAGE_STATE
+    package_dir = Path(__file__).resolve().parent
+    _PROCESS_STATE = _local_git_state(Path(where) if where is not None else package_dir)
+    _PACKAGE_STATE = None
+    if where is not None:
+        from .checkout import git_toplevel
+
+        package_top = git_toplevel(package_dir)
+        if package_top is not None and package_top != git_toplevel(where):
+            _PACKAGE_STATE = {"path": str(package_dir), "git_commit": _local_git_state(package_dir)[0]}
 
 
 def git_state(cwd: str | os.PathLike | None = None) -> tuple[str, list[str] | None]:
     """``(git_commit, untracked code files)``; the list is None when git could not be asked.
-    For this package's own checkout (no ``cwd``) it is the process's snapshot (``freeze_git_state``)."""
+    Without ``cwd`` it is the process's snapshot (``freeze_git_state``)."""
     if cwd is None:
         if _PROCESS_STATE is None:
             freeze_git_state()
@@ -132,7 +146,7 @@ def provenance(config: object | None = None, argv: list[str] | None = None) -> d
     from . import __version__
 
     commit, untracked = git_state()
-    return {
+    record = {
         "zeromismatch_version": __version__,
         "git_commit": commit,
         "untracked_code": None
@@ -145,6 +159,9 @@ def provenance(config: object | None = None, argv: list[str] | None = None) -> d
         "numerics": numerics(),
         "config_hash": config_hash(config) if config is not None else None,
     }
+    if _PACKAGE_STATE is not None:
+        record["package_checkout"] = dict(_PACKAGE_STATE)
+    return record
 
 
 def run_provenance(config) -> dict:
@@ -154,4 +171,14 @@ def run_provenance(config) -> dict:
 
     for name in {config.kernels, config.engine_kernels}:
         get_kernels(name)
-    return provenance(config.to_dict())
+    record = provenance(config.to_dict())
+    # each side's numerics spelled out (the config holds them as "same as the learner" defaults)
+    record["sides"] = {
+        "learner": {"kernels": config.kernels, "dtype": config.dtype, "quant": config.quant,
+                    "master_weights": config.dtype, "lm_head": "fp32"},
+        "rollout": {"kernels": config.engine_kernels, "dtype": config.engine_dtype,
+                    "quant": config.engine_quant, "kv_cache_dtype": config.kv_cache_dtype,
+                    "lm_head": config.rollout_lm_head},
+        "aligned": config.aligned_numerics,
+    }  # fmt: skip
+    return record

@@ -1,5 +1,8 @@
 """Atomic file writes: a crash mid-write never leaves a half-written result or checkpoint.
 
+:func:`directory_lock` holds an exclusive ``flock`` on a lock file in a directory, so two processes
+never write the same run at once.
+
 :func:`atomic_write_json` writes plain JSON values only. numpy scalars (and 0-d arrays) and 0-d
 torch tensors become the Python number or bool they hold; anything else that JSON cannot hold
 (a Path, a multi-element tensor, an object) is a TypeError naming its key path, raised before
@@ -8,11 +11,27 @@ anything is written -- never silently stored as its ``str()``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+LOCK_FILE = ".lock"  # hidden: the audit skips dot-names, and it is removed when the lock is released
+
+
+class DirectoryLockedError(BlockingIOError):
+    """Another process holds the directory's lock (the message names the directory and the holder)."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EWOULDBLOCK, message)
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def _umask() -> int:
@@ -48,20 +67,74 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def check_directory_path(path: str | os.PathLike, option: str) -> None:
     """ValueError naming ``option`` when ``path`` cannot be (or be created as) a directory because it,
-    or a parent of it, exists as something else: checked before any work, so a bad output path
-    never fails only after the results were computed."""
+    or a parent of it, exists as something else, or because the nearest existing one is not writable:
+    checked before any work, so a bad output path never fails only after the results were computed.
+    Writability is tried, not read from mode bits (root, ACLs and read-only mounts defeat those): an
+    unnamed temporary file is created there and removed at once; nothing else is touched."""
+    if not str(path).strip():
+        raise ValueError(f"{option} is empty; give a directory")
     path = Path(path)
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise ValueError(f"{option} {path}: {existing} exists and is not a directory")
+    if existing is not None:
+        try:
+            tempfile.TemporaryFile(dir=existing).close()
+        except OSError as err:
+            raise ValueError(f"{option} {path}: cannot write in {existing} ({err.strerror})") from None
 
 
 def check_file_path(path: str | os.PathLike, option: str) -> None:
     """As :func:`check_directory_path`, for a file to be written at ``path``."""
+    if not str(path).strip():
+        raise ValueError(f"{option} is empty; give a file name")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{option} {path} is a directory; give a file name")
     check_directory_path(path.parent, option)
+
+
+@contextlib.contextmanager
+def directory_lock(directory: str | os.PathLike, what: str = "run") -> Iterator[Path]:
+    """Hold an exclusive, non-blocking ``flock`` on ``directory/.lock`` (creating the directory) until
+    the block ends; :class:`DirectoryLockedError` at once when another process holds it.
+
+    The lock file is removed on release, so a finished directory holds none. That is safe because a
+    locker checks, once it holds the lock, that the file it locked is still the one at the path (a
+    release may unlink it between another's open and flock) and retries otherwise. A killed holder's
+    lock is released by the kernel; its stale file is simply locked again."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise DirectoryLockedError(
+                f"{directory} is in use by another {what} ({holder} holds {path}); wait for it to end "
+                "or choose another directory"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # locked a file a releasing holder had just unlinked: lock the current one
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # while still holding the lock: see the docstring
+        os.close(fd)
 
 
 def _where(at: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from audit_helpers import deepseek_records, write_run
+from audit_helpers import deepseek_records, git, seal_run, write_run
 
 from zeromismatch.audit.registry import load_registry
 from zeromismatch.audit.verdicts import evaluate_all, verdicts_document
@@ -31,6 +31,15 @@ def _git(cwd, *args):
     )
 
 
+def _sealed_run_in_git(results):
+    """A repository whose first commit (the "code") made run-a, sealed as a real run is."""
+    _git(results.parent, "init", "-q")
+    _git(results.parent, "add", "results/published")
+    _git(results.parent, "commit", "-qm", "claims")
+    run = write_run(results, EXP, "mini", "run-a", records=deepseek_records(120))
+    return seal_run(run, commit=git(results.parent, "rev-parse", "HEAD").strip())
+
+
 def _regress(run):
     bad = deepseek_records(120)
     bad[3]["aligned.diff_max"] = 1e-9
@@ -46,9 +55,8 @@ def test_missing_committed_path_is_an_error(results, capsys):
 
 
 def test_baseline_is_git_head_even_after_make_all_rewrote_the_working_tree(results, capsys):
-    run = write_run(results, EXP, "mini", "run-a", records=deepseek_records(120))
+    run = _sealed_run_in_git(results)
     _write_verdicts(results)
-    _git(results.parent, "init", "-q")
     _git(results.parent, "add", "results")
     _git(results.parent, "commit", "-qm", "verdicts")
     _regress(run)
@@ -58,15 +66,20 @@ def test_baseline_is_git_head_even_after_make_all_rewrote_the_working_tree(resul
     err = capsys.readouterr().err
     assert "baseline: " in err and "verdicts.json at git HEAD " in err
     assert f"{CLAIM}: committed reproduced-exact, now not-reproduced" in err
-    # the explicit override still wins: the rewritten working-tree file holds nothing against itself
+    # the explicit override still wins: the rewritten working-tree file holds no verdict against itself;
+    # the edited run still fails the integrity checks, whatever the baseline
     explicit = str(results / "verdicts.json")
-    assert main(["audit", "--results", str(results), "--strict", "--committed", explicit]) == 0
-    assert f"baseline: {explicit} (--committed)" in capsys.readouterr().err
+    assert main(["audit", "--results", str(results), "--strict", "--committed", explicit]) == 1
+    err = capsys.readouterr().err
+    assert f"baseline: {explicit} (--committed)" in err
+    assert "committed reproduced-exact" not in err
+    assert f"reproduced/{EXP}/mini/run-a/metrics.jsonl: contents differ" in err
 
 
 def test_untracked_verdicts_fall_back_to_the_working_tree(results, capsys):
-    run = write_run(results, EXP, "mini", "run-a", records=deepseek_records(120))
-    _git(results.parent, "init", "-q")
+    run = _sealed_run_in_git(results)
+    _git(results.parent, "add", "results")
+    _git(results.parent, "commit", "-qm", "run-a")
     _write_verdicts(results)  # present, never committed
     assert main(["audit", "--results", str(results), "--strict"]) == 0
     assert "(working tree: no git, or the file is not committed)" in capsys.readouterr().err

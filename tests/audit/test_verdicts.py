@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from audit_helpers import deepseek_records, write_benchmark, write_run
+from audit_helpers import deepseek_records, seal_run, write_benchmark, write_run
 
 from zeromismatch.audit.registry import AuditInputError, load_registry
 from zeromismatch.audit.verdicts import (
@@ -260,7 +260,7 @@ def _commit(results):
 
 
 def test_cli_strict_holds_then_fails_when_a_reproduced_verdict_regresses(results, capsys):
-    run = write_run(results, EXP, "mini", "run-a", records=deepseek_records(120))
+    run = seal_run(write_run(results, EXP, "mini", "run-a", records=deepseek_records(120)))
     assert main(["audit", "--results", str(results), "--strict"]) == 0  # nothing committed yet
     _commit(results)
     assert main(["audit", "--results", str(results), "--strict"]) == 0

@@ -9,7 +9,7 @@ import torch
 from bisect_helpers import OPS_BY_PRESET, PRESETS, baseline, called_ops, config, last_layer_calling
 
 from zeromismatch.bisect import KERNEL_OPS, format_text, run_bisect
-from zeromismatch.bisect.recorder import canonical_op
+from zeromismatch.bisect.recorder import canonical_op, site_op
 
 
 def _schedule_kinds(result) -> set[str]:
@@ -134,7 +134,8 @@ def test_perturbation_is_found_at_its_op_and_layer(preset, op, overrides):
     assert applied is not None
     engine_call = result.rollout.records[applied["call_index"]]
     assert first is not None, f"{op}@{layer} was planted but not found"
-    assert canonical_op(first.op) == canonical_op(op)
+    # planted on the engine side; a quantized engine's quant_linear is the fake-quantized learner's linear
+    assert canonical_op(first.engine_op) == canonical_op(op) and site_op(first.op) == site_op(op)
     assert first.layer == layer
     assert first.path == engine_call.path and first.occurrence == engine_call.occurrence
     assert first.perturbed

@@ -10,20 +10,22 @@ import pytest
 from zeromismatch.bisect import repro
 from zeromismatch.bisect.driver import BisectConfig
 from zeromismatch.cli import build_parser, main
+from zeromismatch.commands.bisect import config_from_args
 
 EVERY_FIELD_CHANGED = BisectConfig(
     model="tiny-qwen3", rollout_kernels="default", trainer_kernels="default", seed=7, num_seqs=2,
-    max_prompt_len=24, max_response_len=3, dtype="bf16", quant="fp8", temperature=0.7, top_k=5, top_p=0.9,
-    logprobs_mode="raw", prefill_chunk=8, max_num_seqs=3, max_num_batched_tokens=32, block_size=8,
+    max_prompt_len=24, max_response_len=3, dtype="bf16", quant="fp8", rollout_dtype="bf16",
+    rollout_quant="fp8", kv_cache_dtype="fp8_e4m3", rollout_lm_head="activation", temperature=0.7, top_k=5,
+    top_p=0.9, logprobs_mode="raw", prefill_chunk=8, max_num_seqs=3, max_num_batched_tokens=32, block_size=8,
     perturb="rms_norm@0",
 )  # fmt: skip
 
 
 def _parsed_back(command: str) -> BisectConfig:
+    """The config ``zm bisect`` builds from ``command`` (its own argument conversion)."""
     argv = shlex.split(command)
     assert argv[:2] == ["zm", "bisect"]
-    args = build_parser().parse_args(argv[1:])
-    return BisectConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BisectConfig)})
+    return config_from_args(build_parser().parse_args(argv[1:]))
 
 
 @pytest.mark.parametrize(

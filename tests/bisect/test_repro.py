@@ -13,7 +13,7 @@ import pytest
 from bisect_helpers import baseline, config, mixed_kernels
 
 from zeromismatch.bisect import run_bisect, write_repro
-from zeromismatch.bisect.recorder import canonical_op
+from zeromismatch.bisect.recorder import canonical_op, site_op
 from zeromismatch.cli import main
 
 # (preset, stock op, config overrides). A backend that is aligned except for one stock op
@@ -76,7 +76,8 @@ def _repro(directory, *args) -> subprocess.CompletedProcess:
 )
 def test_one_stock_op_is_found_as_the_first_divergence(preset, op, overrides):
     first = _diverging_run(preset, op, overrides).first
-    assert canonical_op(first.op) == canonical_op(op)
+    # the stock op runs on the engine side; the fake-quantized learner runs quant_linear's work as linear
+    assert canonical_op(first.engine_op) == canonical_op(op) and site_op(first.op) == site_op(op)
     assert first.inputs_identical is True and not first.perturbed
 
 
@@ -126,7 +127,7 @@ def test_default_vs_default_repro_fails_with_default_and_passes_with_aligned(tmp
 def test_repro_of_a_real_divergence_fails_with_default_passes_with_aligned(tmp_path, preset, op, overrides):
     result = _diverging_run(preset, op, overrides)
     spec = write_repro(result, tmp_path / "repro")
-    assert canonical_op(spec["op"]["rollout"]) == canonical_op(spec["op"]["trainer"]) == op
+    assert canonical_op(spec["op"]["rollout"]) == op and site_op(spec["op"]["trainer"]) == site_op(op)
     assert spec["minimize"]["reproduces"]
     rollout_args = spec["args"]["rollout"]
     if op == "attention":  # the engine call carries its paged cache, kept whole

@@ -8,6 +8,7 @@ from zeromismatch.launch import init_ray, ray_slurm_setup_lines
 
 
 @pytest.mark.slow
+@pytest.mark.cluster("ray")
 def test_init_ray_runs_two_remote_tasks_and_shuts_down():
     # About 6-9 s on the 2-core CI machine, most of it Ray's own start-up.
     import ray

@@ -19,7 +19,7 @@ import pytest
 from zeromismatch.launch import submit
 from zeromismatch.launch.ray_cluster import ray_cluster_report
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.cluster("submitit")]
 
 
 def _slurm_unavailable_reason() -> str | None:

@@ -27,6 +27,7 @@ def _sbatch_flags(script: str) -> dict[str, str]:
     return flags
 
 
+@pytest.mark.cluster("submitit")
 def test_dry_run_writes_sbatch_and_config_without_submitting(tmp_path, monkeypatch):
     monkeypatch.setenv("ZM_SLURM_PARTITION", "gpu-h200")
     monkeypatch.setenv("ZM_SLURM_ACCOUNT", "proj-42")
@@ -65,6 +66,7 @@ def test_dry_run_writes_sbatch_and_config_without_submitting(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full-run.config.json", "full-run.sbatch"]
 
 
+@pytest.mark.cluster("submitit")
 def test_dry_run_keeps_unresolved_placeholders_visible(tmp_path, monkeypatch):
     monkeypatch.delenv("ZM_SLURM_PARTITION", raising=False)
     monkeypatch.delenv("ZM_SLURM_ACCOUNT", raising=False)
@@ -80,6 +82,7 @@ def test_dry_run_keeps_unresolved_placeholders_visible(tmp_path, monkeypatch):
         submit(operator.pow, 2, 3, cluster="slurm", profile="h200-node", folder=tmp_path)
 
 
+@pytest.mark.cluster("submitit")
 def test_dry_run_array_is_one_sbatch_array(tmp_path):
     result = submit(
         operator.pow, 2, cluster="slurm", profile="local-cpu", folder=tmp_path, job_name="sweep",
@@ -96,6 +99,7 @@ def test_dry_run_array_is_one_sbatch_array(tmp_path):
     assert result.config["call"]["array"] == [["1"], ["2"], ["3"]]
 
 
+@pytest.mark.cluster("submitit")
 def test_dry_run_with_ray_starts_head_and_workers_and_runs_driver_once(tmp_path, monkeypatch):
     monkeypatch.setenv("ZM_SLURM_PARTITION", "gpu")
     monkeypatch.setenv("ZM_SLURM_ACCOUNT", "proj")
@@ -116,12 +120,14 @@ def test_dry_run_with_ray_starts_head_and_workers_and_runs_driver_once(tmp_path,
     )
 
 
+@pytest.mark.cluster("submitit")
 def test_dry_run_for_local_cluster_writes_config_only(tmp_path):
     result = submit(operator.pow, 2, 3, cluster="local", folder=tmp_path, dry_run=True)
     assert result.scripts == []
     assert json.loads(result.config_path.read_text())["cluster"] == "local"
 
 
+@pytest.mark.cluster("submitit")
 def test_local_executor_runs_in_a_subprocess(tmp_path):
     job = submit(os.getpid, cluster="local", folder=tmp_path, timeout_min=2)
     child_pid = job.result()
@@ -129,6 +135,7 @@ def test_local_executor_runs_in_a_subprocess(tmp_path):
     assert (tmp_path / "getpid.config.json").exists()
 
 
+@pytest.mark.cluster("submitit")
 def test_debug_executor_runs_in_process_and_arrays_keep_order(tmp_path):
     job = submit(os.getpid, cluster="debug", folder=tmp_path)
     assert job.result() == os.getpid()
@@ -136,6 +143,7 @@ def test_debug_executor_runs_in_process_and_arrays_keep_order(tmp_path):
     assert [j.result() for j in jobs] == [8, 32, 1024]
 
 
+@pytest.mark.cluster("submitit")
 def test_profile_object_and_overrides(tmp_path):
     profile = load_profile("local-cpu")
     result = submit(
@@ -172,6 +180,7 @@ def test_non_callable_is_rejected(tmp_path):
         submit("not a function", folder=tmp_path, dry_run=True)
 
 
+@pytest.mark.cluster("submitit")
 def test_config_goes_above_a_per_job_folder(tmp_path):
     result = submit(
         operator.pow, 2, 3, cluster="slurm", folder=tmp_path / "%j", job_name="per-job", dry_run=True

@@ -44,7 +44,7 @@ def test_generate_keeps_pending_abort_outputs_for_the_next_step():
     llm = LLM(ToyModel(), ToyKernels(), max_num_seqs=2, block_size=4)
     llm.add_request([1, 2, 3], SamplingParams(max_tokens=5, seed=1))
     llm.step()
-    aborted = llm.update_weights({}, mode="abort")
+    aborted = llm.update_weights(llm.model.state_dict_hf(), mode="abort")  # (an empty update is refused)
     assert len(aborted) == 1 and aborted[0].aborted
     out = llm.generate([[4, 5]], SamplingParams(max_tokens=2, seed=2))
     assert len(out[0].token_ids) == 2

@@ -72,7 +72,7 @@ def test_smoke_scale_runs_every_arm(tmp_path, name):
 def test_full_scale_dry_run_writes_sbatch(tmp_path, monkeypatch, name):
     import zeromismatch.expt.runner as runner
 
-    monkeypatch.setattr(runner, "ROOT", tmp_path)
+    monkeypatch.setattr(runner, "default_out_root", lambda experiment, scale: tmp_path / "runs")
     out = run_experiment(load(name), "full", cluster="slurm", dry_run=True)
     folder = tmp_path / "runs" / "full" / name
     for arm in out:
@@ -95,7 +95,7 @@ def test_launcher_rejects_unknown_arm_with_one_clear_error():
 def test_full_scale_dry_run_honours_out_root(tmp_path, monkeypatch):
     import zeromismatch.expt.runner as runner
 
-    monkeypatch.setattr(runner, "ROOT", tmp_path / "root")
+    monkeypatch.setattr(runner, "default_out_root", lambda experiment, scale: tmp_path / "root")
     experiment = load("reinforce_zero_lag64")
     run_experiment(experiment, "full", cluster="slurm", dry_run=True, out_root=tmp_path / "out")
     assert (tmp_path / "out" / "full" / "reinforce_zero_lag64" / "aligned.resolved.json").exists()

@@ -12,7 +12,7 @@ from experiment_helpers import EXPERIMENTS, load
 
 import zeromismatch.launch  # noqa: F401  (loads the submodule the runner imports submit from)
 from zeromismatch.expt import runner
-from zeromismatch.rl.config import DTYPES, QUANTS
+from zeromismatch.rl.stacks import DTYPES, QUANTS
 
 
 @pytest.fixture
@@ -83,10 +83,15 @@ def test_full_configs_have_a_valid_dtype_and_quant(name):
 def test_full_precision_is_a_quant_for_weight_formats_and_a_dtype_otherwise():
     import dataclasses
 
+    def engine_formats(configs):
+        return {r["config"]["rollout_quant"] or r["config"]["quant"] for r in configs.values()}
+
     nemotron = runner.full_scale_configs(load("nemotron_nvfp4_swebench"))
-    assert {resolved["config"]["quant"] for resolved in nemotron.values()} == {"nvfp4"}
+    assert engine_formats(nemotron) == {"nvfp4"}
+    # a fast arm keeps its learner on fp32 masters: the published format lands on its engine only
+    assert nemotron["fast"]["config"]["quant"] == "none" and nemotron["aligned"]["config"]["quant"] == "nvfp4"
     deepseek = runner.full_scale_configs(load("deepseek_v4_flash_100steps"))
-    assert {resolved["config"]["quant"] for resolved in deepseek.values()} == {"fp8"}
+    assert engine_formats(deepseek) == {"fp8-block"}
     experiment = load("reinforce_zero_lag64")
     bf16 = dataclasses.replace(
         experiment, full=dataclasses.replace(experiment.full, precision="bfloat16"), full_by_arm={}

@@ -196,14 +196,13 @@ def test_quantizing_a_non_finite_weight_raises(quantize, bad):
         quantize(w)
 
 
-def test_nvfp4_ties_round_down_as_documented():
-    """Pins the committed rule (docs/parity.md): a midpoint goes to the smaller e2m1 magnitude,
-    where round-to-nearest-even would give [0, 1, 1, 2, 2, 4, 4]."""
+def test_nvfp4_ties_round_to_nearest_even_as_documented():
+    """Pins the rule (docs/parity.md, hardware cvt.rn e2m1): a midpoint goes to the even code."""
     mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] + [6.0] * 9)
     w = torch.stack([mids, torch.full((16,), 6 * 448.0)])  # global scale 1, first block scale 1
     q = quantize_nvfp4(w)
     assert q.global_scale.item() == 1.0 and q.scales[0, 0].float().item() == 1.0
-    assert dequantize(q)[0, :7].tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
+    assert dequantize(q)[0, :7].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
 
 
 # ---- bad shapes / types ---------------------------------------------------------------------------------

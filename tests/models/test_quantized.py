@@ -1,11 +1,12 @@
-"""quantize_model: FP8 (DeepSeek path) and NVFP4 (Nemotron path) weights through kernels.quant_linear.
+"""quantize_model: FP8 per channel, FP8 128x128 blocks (DeepSeek path) and NVFP4 (Nemotron path)
+weights through kernels.quant_linear.
 
 Checks: which weights are quantized (every Linear and routed expert; never embeddings,
 lm_head, norms, routers, conv1d, SSM parameters); the quantized model stays close to the
 dense one -- a sanity bound, not an accuracy claim: relative logit error
-||q - dense|| / ||dense|| <= 0.15 for fp8 and <= 0.35 for nvfp4 (measured on these tiny random
-models: fp8 about 0.07 (DeepSeek) -- the weights themselves carry ~2.6% relative error --,
-nvfp4 about 0.2; printed with -s); engine mode equals trainer
+||q - dense|| / ||dense|| <= 0.15 for both fp8 formats and <= 0.35 for nvfp4 (measured on these
+tiny random models: fp8-block about 0.07 (DeepSeek) -- the weights themselves carry ~2.6% relative
+error --, nvfp4 about 0.2; printed with -s); engine mode equals trainer
 mode bit for bit with the aligned kernels (inverse: not with the default kernels, whose
 activation scale spans the batch); a weight update re-quantizes.
 """
@@ -22,7 +23,13 @@ from zeromismatch.models import build_model, quantize_model
 from zeromismatch.models.layers import Linear
 from zeromismatch.models.moe import Experts, Router
 
-CASES = [("tiny-deepseek-v3", "fp8", 0.15), ("tiny-nemotron-h", "nvfp4", 0.35)]
+CASES = [
+    ("tiny-deepseek-v3", "fp8-block", 0.15),
+    ("tiny-qwen3-moe", "fp8", 0.15),
+    ("tiny-nemotron-h", "nvfp4", 0.35),
+]
+#: QuantizedWeight.format is the storage format; both FP8 formats store "fp8" (``block`` differs)
+STORAGE = {"fp8": "fp8", "fp8-block": "fp8", "nvfp4": "nvfp4"}
 
 
 @pytest.mark.parametrize(("preset", "fmt", "tolerance"), CASES)
@@ -43,7 +50,8 @@ def test_what_is_quantized(preset, fmt, tolerance):
     model = quantize_model(build_model(preset, kernels=ReferenceKernels(), seed=0), fmt)
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears and all(m.weight is None and isinstance(m.qweight, QuantizedWeight) for m in linears)
-    assert all(m.qweight.format == fmt for m in linears)
+    assert all(m.qweight.format == STORAGE[fmt] for m in linears)
+    assert all((m.qweight.block is not None) == (fmt == "fp8-block") for m in linears)
     experts = [m for m in model.modules() if isinstance(m, Experts)]
     assert experts and all(m.quantized is not None and m.up_proj is None for m in experts)
     routers = [m for m in model.modules() if isinstance(m, Router)]

@@ -32,7 +32,7 @@ from zeromismatch.rl import RLConfig
         ("top_p", 0.0, "top_p"),
         ("top_k", 2.5, "top_k"),
         ("logprobs_mode", "bogus", "logprobs_mode"),
-        ("lm_head_precision", "fp64", "RLConfig.lm_head_precision"),
+        ("rollout_lm_head", "fp64", "RLConfig.rollout_lm_head"),
         ("algo_options", {"clip_eps": 0.2}, "RLConfig.algo_options"),
     ],
 )

@@ -10,7 +10,7 @@ from rl_helpers import read_metrics, tiny_config
 
 from zeromismatch.rl import train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster("ray")]
 
 
 @pytest.mark.parametrize("lag", [0, 2])

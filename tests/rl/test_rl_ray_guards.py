@@ -16,9 +16,11 @@ def test_ray_rejects_checkpoints_and_wandb(field, value):
     RLConfig(executor="ray", **{field: type(value)(0)})  # off is fine
 
 
+@pytest.mark.cluster("ray")
 def test_ray_run_needs_two_cpus(tmp_path, monkeypatch):
     """With a 1-CPU Ray cluster the second actor could never be scheduled: fail before any work."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     monkeypatch.setattr(actors, "init_ray", lambda num_cpus=2: None)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 1.0})
     with pytest.raises(ValueError, match="needs 2 CPUs"):

@@ -11,7 +11,7 @@ from rl_helpers import read_metrics, tiny_config
 
 from zeromismatch.rl import train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster("ray")]
 
 
 def test_ray_logs_mid_run_evals_and_cache_counters(tmp_path, ray_session):

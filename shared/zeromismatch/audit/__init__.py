@@ -3,6 +3,8 @@
 - :mod:`.registry` loads and validates ``results/published/<experiment>.json`` (JSON Schema + checks);
 - :mod:`.runs` reads reproduced run directories and benchmark files;
 - :mod:`.verdicts` judges each claim from that data alone (five verdicts, see its docstring);
+- :mod:`.integrity` checks that the run files are what their runs wrote (manifests, provenance,
+  config hashes, recorded commits, committed data vs git HEAD);
 - :mod:`.benchmarks`, :mod:`.learnability`, :mod:`.portability` render the report's measurement
   sections, reading their JSON files through :mod:`.inputs` (typed, one error naming file and key);
 - :mod:`.figures`, :mod:`.report`, :mod:`.html` draw the figures and write REPORT.md / report.html

@@ -38,17 +38,15 @@ class AuditInputError(ValueError):
     """A claims file, run directory or benchmark file is malformed; the message names the file."""
 
 
-def repo_root() -> Path:
-    # shared/zeromismatch/audit/registry.py -> repository root
-    return Path(__file__).resolve().parents[3]
-
-
 def default_results_root() -> Path:
-    """``<repo>/results`` for the editable checkout; ``./results`` when installed elsewhere."""
-    candidate = repo_root() / "results"
-    if (candidate / "published").is_dir():
-        return candidate
-    return Path.cwd() / "results"
+    """``results/`` of the checkout in use (``zeromismatch.checkout``: the running script's, else the
+    cwd's), never the installed package's; outside any checkout one AuditInputError naming --results."""
+    from ..checkout import NoCheckoutError, results_root
+
+    try:
+        return results_root()
+    except NoCheckoutError as err:
+        raise AuditInputError(str(err)) from err
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """First diverging operator between the rollout engine and the trainer, and its minimal repro.
 
 ``run_bisect(BisectConfig(model, rollout_kernels, trainer_kernels, ...))`` runs the same
-teacher-forced tokens through the real engine (kernel set A) and the trainer's recompute
-(kernel set B) with every kernel call recorded (``recorder.RecordingKernels``), matches the
-calls by site and token (``compare``), and reports the first op in the trainer's execution
-order whose output differs bitwise (``report``). ``write_repro`` saves that op's two calls
-as a standalone script (``repro``). The CLI is ``zm bisect``; the procedure around it is
-``docs/skills/align-new-model/SKILL.md``.
+teacher-forced tokens through the real engine (kernel set A, the rollout's dtype, weight format,
+KV cache and head) and the trainer's recompute (kernel set B, the learner's dtype and format)
+with every kernel call recorded (``recorder.RecordingKernels``), matches the calls by site and
+token (``compare``), and reports the first op in the trainer's execution order whose output
+differs -- bitwise, or by value where the two sides' dtypes differ (``report``).
+``write_repro`` saves that op's two calls as a standalone script (``repro``). The CLI is
+``zm bisect``; the procedure around it is ``docs/skills/align-new-model/SKILL.md``.
 """
 
 from .compare import Comparison, SiteDiff, compare_records

@@ -1,29 +1,36 @@
-"""Run the same tokens through the rollout engine (kernel set A) and the trainer (kernel set B),
-recording every kernel call on both sides.
+"""Run the same tokens through the rollout engine and the trainer, each in its own numerics
+(kernel set, dtype, weight format; the engine's KV cache and lm_head), recording every kernel
+call on both sides.
 
 Tokens. ``--seed`` draws ``num_seqs`` (prompt, response) pairs of random lengths; both sides
 see exactly these tokens (teacher forcing), so every op output row can be matched by its
 token identity (sequence id, position).
 
+Weights. The trainer's model is the RL learner's (``commands.parity.build_trainer_model``:
+master weights in its dtype, fake-quantized in its forward when it has a weight format). The
+engine's model is the preset built in the rollout dtype holding the trainer's weights, cast to
+that dtype by ``load_state_dict_hf`` and then quantized to the rollout format, which is what an
+RL weight update delivers (as ``zm parity`` does).
+
 Engine side. The real engine (``zeromismatch.engine.LLM``: scheduler with continuous
 batching and chunked prefill, paged block manager, model runner) serves the prompts with
 staggered arrivals (one new request per step), so prefills, prefill chunks and decodes of
-different requests share forwards as they do in a rollout. Two instance-level substitutions
+different requests share forwards as they do in a rollout. Three instance-level substitutions
 make it deterministic and attributable, and nothing else is changed (but the engine runs every
 step eagerly, ``enforce_eager=True``, so each kernel call is made and seen): the runner's sampler is
 replaced by ``ForcedSampler``, which "samples" the given response token and reports its
 logprob through ``engine.sampler.token_logprobs`` (the function the real sampler and the
 trainer both use; for processed logprobs it is the same ``processed_log_softmax`` + gather
-as the real sampler); and the runner's ``build_batch`` is wrapped to tell the recorder which
-(sequence, position) each row of the step's forward and of its sampled rows is. Each
-request's sampling seed is its sequence id, which is how the sampler knows which response
-to force. Prefix caching is off (a cached prefix would skip computing those rows).
+as the real sampler); the runner's ``build_batch`` is wrapped to tell the recorder which
+(sequence, position) each row of the step's forward and of its sampled rows is; and its
+``compute_logits`` is wrapped so that a head computed outside the KernelSet
+(``lm_head_precision="activation"``: a plain torch linear in the activation dtype) is recorded
+as that step's ``lm_head`` call (``RecordingKernels.record_outside``). Each request's sampling
+seed is its sequence id, which is how the sampler knows which response to force. Prefix caching
+is off (a cached prefix would skip computing those rows).
 
 Trainer side. ``train.logprobs.compute_logprobs`` (the trainer's own recompute) in one
 packed micro-batch of all sequences, in order.
-
-Both models are built by ``engine.llm.build_preset`` from the same preset, seed, dtype and
-quantization, so they hold identical weights.
 """
 
 from __future__ import annotations
@@ -33,10 +40,16 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from ..kernels.base import KernelSet
-from .recorder import CallRecord, Perturbation, RecordingKernels
+from ..rl.stacks import numerics_problems
+from .compare import bits_equal
+from .recorder import OUTSIDE_OPS, CallRecord, Perturbation, RecordingKernels
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-QUANTS = ("none", "fp8", "nvfp4")
+#: dtype spellings (the short ones are the defaults and what reports print) -> torch dtypes
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+#: -> ``rl.stacks`` spelling, which ``numerics_problems`` checks
+_STACK_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32", "bfloat16": "bfloat16"}
+#: the numerics fields, as ``rl.stacks.NUMERICS_FIELDS`` names them, less the kernel sets
+NUMERICS = ("dtype", "quant", "rollout_dtype", "rollout_quant", "kv_cache_dtype", "rollout_lm_head")
 
 
 @dataclass
@@ -49,8 +62,13 @@ class BisectConfig:
     num_seqs: int = 3
     max_prompt_len: int = 10
     max_response_len: int = 6
+    # both sides' dtype and weight format, unless a rollout_* field overrides the engine's (RLConfig's rule)
     dtype: str = "fp32"
     quant: str = "none"
+    rollout_dtype: str | None = None
+    rollout_quant: str | None = None
+    kv_cache_dtype: str = "auto"  # the engine's: "auto" | "fp8_e4m3"
+    rollout_lm_head: str = "fp32"  # the engine's: "fp32" (the kernel set's head) | "activation"
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -66,10 +84,14 @@ class BisectConfig:
             raise ValueError(f"model must be a preset name, got {self.model!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.quant not in QUANTS:
-            raise ValueError(f"quant must be one of {QUANTS}, got {self.quant!r}")
+        for name in ("dtype", "rollout_dtype"):
+            value = getattr(self, name)
+            if not (value is None and name == "rollout_dtype") and value not in DTYPES:
+                raise ValueError(f"{name} must be one of {sorted(DTYPES)}, got {value!r}")
+        numerics = {name: getattr(self, name) for name in NUMERICS}
+        numerics.update(dtype=_STACK_DTYPE[self.dtype], rollout_dtype=_STACK_DTYPE.get(self.rollout_dtype))
+        for name, why in numerics_problems(numerics):
+            raise ValueError(f"{name} {why} (got {getattr(self, name)!r})")
         for name in (
             "num_seqs",
             "max_prompt_len",
@@ -100,6 +122,27 @@ class BisectConfig:
     @property
     def trainer_label(self) -> str:
         return kernels_label(self.trainer_kernels)
+
+    @property
+    def engine_dtype(self) -> str:
+        return self.rollout_dtype or self.dtype
+
+    @property
+    def engine_quant(self) -> str:
+        return self.rollout_quant or self.quant
+
+    def numerics(self, side: str) -> dict:
+        """What ``side`` ("rollout" | "trainer") computes in: kernel set, dtype (torch's name),
+        weight format and, for the engine, its KV cache and lm_head."""
+        if side == "trainer":
+            return {"kernels": self.trainer_label, "dtype": _STACK_DTYPE[self.dtype], "quant": self.quant}
+        return {
+            "kernels": self.rollout_label,
+            "dtype": _STACK_DTYPE[self.engine_dtype],
+            "quant": self.engine_quant,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "lm_head": self.rollout_lm_head,
+        }
 
 
 def kernels_label(kernels: str | KernelSet) -> str:
@@ -162,10 +205,26 @@ def sampling_params(config: BisectConfig, seq_id: int, response_len: int):
     )
 
 
-def build_side_model(config: BisectConfig, kernels: str):
-    from ..engine.llm import build_preset
+def build_trainer_side_model(config: BisectConfig):
+    """The learner's model: the trainer's dtype, fake-quantized to its format (``zm parity``'s)."""
+    from ..commands.parity import build_trainer_model
 
-    return build_preset(config.model, kernels, DTYPES[config.dtype], config.seed, config.quant)
+    return build_trainer_model(
+        config.model, config.trainer_kernels, DTYPES[config.dtype], config.seed, config.quant
+    )
+
+
+def build_engine_side_model(config: BisectConfig, weights: dict[str, torch.Tensor]):
+    """The engine's model: the preset in the rollout dtype holding ``weights`` (the trainer's HF
+    state dict), cast by ``load_state_dict_hf`` and quantized to the rollout format."""
+    from ..engine.llm import build_preset
+    from ..models import quantize_model
+
+    model = build_preset(config.model, config.rollout_kernels, DTYPES[config.engine_dtype], config.seed, None)
+    model.load_state_dict_hf(weights)
+    if config.engine_quant != "none":
+        quantize_model(model, config.engine_quant)
+    return model
 
 
 class ForcedSampler:
@@ -185,16 +244,18 @@ class ForcedSampler:
         return SamplerOutput(tokens, [float(x) for x in chosen.cpu()])
 
 
-def run_rollout_side(config: BisectConfig, prompts, responses, params) -> SideRun:
+def run_rollout_side(config: BisectConfig, prompts, responses, params, weights) -> SideRun:
     from ..engine import LLM
 
     recorder = RecordingKernels(config.rollout_kernels, perturb=config.perturb)
-    model = build_side_model(config, config.rollout_kernels)
+    model = build_engine_side_model(config, weights)
     total_blocks = sum(-(-(len(p) + len(r)) // config.block_size) for p, r in zip(prompts, responses))
     llm = LLM(
         model,
         recorder,
-        dtype=DTYPES[config.dtype],
+        dtype=DTYPES[config.engine_dtype],
+        kv_cache_dtype=config.kv_cache_dtype,
+        lm_head_precision=config.rollout_lm_head,
         seed=config.seed,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
@@ -237,6 +298,29 @@ def run_rollout_side(config: BisectConfig, prompts, responses, params) -> SideRu
         return batch
 
     runner.build_batch = build_batch
+    original_logits = runner.compute_logits
+
+    def compute_logits(hidden):
+        before = len(recorder.records)
+        logits = original_logits(hidden)
+        if any(r.op == "lm_head" for r in recorder.records[before:]):
+            return logits  # the kernel set's head: recorded as it ran
+        if runner.lm_head_precision != "activation":
+            raise RuntimeError(
+                f"bisect: the runner computed logits without kernels.lm_head under lm_head_precision="
+                f"{runner.lm_head_precision!r}; driver.py knows only the 'activation' head"
+            )
+        args = {"hidden": hidden, "weight": model.lm_head_weight}
+        # the recorder (and the repro) replays this head with its own copy of the runner's computation:
+        # a runner that computes it otherwise must fail here, not leave a repro of something else
+        if not bits_equal(OUTSIDE_OPS["activation-lm-head"][1](**args), logits):
+            raise RuntimeError(
+                "bisect: the runner's activation-dtype head no longer computes what recorder.OUTSIDE_OPS "
+                "replays (engine/runner.py ModelRunner.compute_logits); update the recorder"
+            )
+        return recorder.record_outside("activation-lm-head", args, logits)
+
+    runner.compute_logits = compute_logits
     outputs: dict[int, object] = {}
     pending = list(range(len(prompts)))  # request i arrives at step i
     step = 0
@@ -276,11 +360,10 @@ def run_rollout_side(config: BisectConfig, prompts, responses, params) -> SideRu
     )
 
 
-def run_trainer_side(config: BisectConfig, prompts, responses, params) -> SideRun:
+def run_trainer_side(config: BisectConfig, prompts, responses, params, model) -> SideRun:
     from ..train.logprobs import compute_logprobs
 
     recorder = RecordingKernels(config.trainer_kernels)
-    model = build_side_model(config, config.trainer_kernels)
     forward_rows, head_rows = [], []
     for seq, (prompt, response) in enumerate(zip(prompts, responses)):
         length = len(prompt) + len(response) - 1
@@ -340,9 +423,11 @@ def run_sides(
         config.seed, config.num_seqs, vocab, config.max_prompt_len, config.max_response_len
     )
     params = [sampling_params(config, i, len(r)) for i, r in enumerate(responses)]
-    rollout = run_rollout_side(config, prompts, responses, params)
+    # built even when a trainer run is reused: the engine takes its weights from it
+    trainer_model = build_trainer_side_model(config)
+    rollout = run_rollout_side(config, prompts, responses, params, trainer_model.state_dict_hf())
     if trainer is None:
-        trainer = run_trainer_side(config, prompts, responses, params)
+        trainer = run_trainer_side(config, prompts, responses, params, trainer_model)
     elif trainer.settings != trainer_settings(config) or [len(lp) for lp in trainer.logprobs] != [
         len(r) for r in responses
     ]:

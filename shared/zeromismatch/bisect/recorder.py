@@ -14,6 +14,17 @@ the logprob ops of the sampler or the trainer) use the announced *head* row keys
 whose leading dim does not match the active keys is recorded with ``row_keys=None`` and is
 not compared.
 
+One logical op can have several entry points, and the two sides need not take the same one:
+the engine's ``paged_attention`` is the trainer's ``attention``, and a projection runs as
+``linear``, ``row_parallel_linear`` (a dense row-parallel layer) or ``quant_linear`` (quantized
+weights) depending on the side's weight format. ``site_op`` names the op a call is matched by.
+A side with dense weights also fuses sibling projections (q/k/v, gate/up) into one ``linear``
+from their parent module, which a quantized side runs one by one; such a call is recorded once,
+with ``parts`` naming the column range of each projection, so the comparison can split it.
+
+``record_outside`` records a call made outside the KernelSet (the engine's activation-dtype
+lm_head, ``engine/runner.py::ModelRunner.compute_logits``), named in ``OUTSIDE_OPS``.
+
 Arguments are stored by name (``inspect.signature`` of the KernelSet method); tensors that
 are not ``nn.Parameter`` are cloned at call time, because the engine mutates some of them
 later (the paged K/V cache). Parameters are kept by reference: weights do not change during
@@ -39,6 +50,19 @@ KERNEL_OPS: tuple[str, ...] = tuple(sorted(KernelSet.__abstractmethods__))
 
 #: engine-side op name -> the trainer-side op it must match (one logical op, two entry points)
 CANONICAL_OP = {"paged_attention": "attention"}
+#: the op a call is matched by across sides: ``CANONICAL_OP`` plus the projection entry points,
+#: which a side's weight format chooses (a module calls exactly one of them)
+SITE_OP = {**CANONICAL_OP, "quant_linear": "linear", "row_parallel_linear": "linear"}
+
+
+def _activation_lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    # engine/runner.py ModelRunner.compute_logits with lm_head_precision="activation"
+    return torch.nn.functional.linear(hidden.to(weight.dtype), weight).float()
+
+
+#: computations made outside the KernelSet that are recorded (``record_outside``): name -> (op it
+#: stands for, the function, called with the recorded arguments)
+OUTSIDE_OPS = {"activation-lm-head": ("lm_head", _activation_lm_head)}
 
 #: arguments whose leading dim is the token dim (rows line up with the output rows)
 ROW_ARGS: dict[str, tuple[str, ...]] = {
@@ -96,6 +120,10 @@ if set(ROW_ARGS) != set(KERNEL_OPS):  # a new op in the contract needs its row a
 
 def canonical_op(op: str) -> str:
     return CANONICAL_OP.get(op, op)
+
+
+def site_op(op: str) -> str:
+    return SITE_OP.get(op, op)
 
 
 def layer_of(path: str) -> int | str:
@@ -185,11 +213,16 @@ class CallRecord:
     output: Any
     row_keys: torch.Tensor | None  # [T, 2] int64 (sequence id, position) or None
     perturbed: dict | None = None
+    # a fused projection: (module path, first column, end column, occurrence) of each projection
+    parts: list[tuple[str, int, int, int]] | None = None
+    # one projection of a fused call (``compare.split_fused``): its output columns in the call's output
+    cols: tuple[int, int] | None = None
+    outside: str | None = None  # an ``OUTSIDE_OPS`` name: the call was not made through the KernelSet
 
     @property
     def key(self) -> tuple[str, str, int]:
         """What identifies "the same call" on the engine and the trainer side."""
-        return (self.path, canonical_op(self.op), self.occurrence)
+        return (self.path, site_op(self.op), self.occurrence)
 
     @property
     def site(self) -> str:
@@ -221,6 +254,7 @@ class _RecorderState:
         self.pending = _RowPlan()
         self.active: torch.Tensor | None = None
         self.perturbation = perturbation
+        self.modules: dict[str, nn.Module] = {}
 
 
 class _RecordingBase(KernelSet):
@@ -257,7 +291,9 @@ class _RecordingBase(KernelSet):
         self._state.pending = _RowPlan(_as_keys(forward, "forward"), _as_keys(head, "head"))
 
     def clear(self) -> None:
+        modules = self._state.modules  # an attached model stays attached
         self._state = _RecorderState(self._state.perturbation)
+        self._state.modules = modules
 
     @contextlib.contextmanager
     def attach(self, model: nn.Module):
@@ -266,6 +302,7 @@ class _RecordingBase(KernelSet):
         state = self._state
         previous = model.kernels
         handles = []
+        state.modules = dict(model.named_modules())
         for name, module in model.named_modules():
             handles.append(module.register_forward_pre_hook(_push(state, name)))
             handles.append(module.register_forward_hook(_pop(state)))
@@ -295,16 +332,26 @@ class _RecordingBase(KernelSet):
 
     # ---- the recording itself ------------------------------------------------
     def _record(self, op: str, args: tuple, kwargs: dict):
-        state = self._state
         bound = _SIGNATURES[op].bind(self, *args, **kwargs)
         bound.apply_defaults()
         # before the call: a kernel that writes into its input must not have its output recorded as
         # its input (the report would then blame an upstream difference, and the repro rerun it twice)
         named = {k: _snapshot(v) for k, v in bound.arguments.items() if k != "self"}
         output = getattr(self.inner, op)(*args, **kwargs)
+        return self._append(op, named, output)
+
+    def record_outside(self, outside: str, args: dict, output):
+        """Record a computation the caller made outside the KernelSet (an ``OUTSIDE_OPS`` name, its
+        arguments by name, its output) as a call of the op it stands for; returns the output (with
+        the perturbation applied, when it matches)."""
+        op, _ = OUTSIDE_OPS[outside]
+        return self._append(op, {k: _snapshot(v) for k, v in args.items()}, output, outside)
+
+    def _append(self, op: str, named: dict, output, outside: str | None = None):
+        state = self._state
         path = state.stack[-1] if state.stack else ""
         layer = layer_of(path)
-        slot = (path, canonical_op(op))
+        slot = (path, site_op(op))
         occurrence = state.occurrences.get(slot, 0)
         state.occurrences[slot] = occurrence + 1
         perturbed = None
@@ -328,9 +375,46 @@ class _RecordingBase(KernelSet):
                 output=_snapshot(output),
                 row_keys=rows,
                 perturbed=perturbed,
+                parts=_fused_parts(state, path, named.get("weight")) if op == "linear" else None,
+                outside=outside,
             )
         )
         return output
+
+
+def _fused_parts(state: _RecorderState, path: str, weight) -> list[tuple[str, int, int, int]] | None:
+    """The projections a ``linear`` call from a non-``Linear`` module fuses: the run of its
+    ``Linear`` children whose weights, concatenated, are the call's weight (``models/layers.py::
+    fused_linear``). Each projection takes the next occurrence of its own path, as its separate
+    call on the other side does."""
+    from ..models.layers import Linear
+
+    module = state.modules.get(path)
+    if module is None or isinstance(module, Linear) or not isinstance(weight, torch.Tensor):
+        return None
+    children = [(n, c) for n, c in module.named_children() if isinstance(c, Linear) and c.weight is not None]
+    for start in range(len(children)):
+        run, rows = [], 0
+        for name, child in children[start:]:
+            if rows >= weight.shape[0]:
+                break
+            run.append((name, child))
+            rows += child.weight.shape[0]
+        if len(run) < 2 or rows != weight.shape[0]:
+            continue
+        stacked = torch.cat([child.weight.detach() for _, child in run])
+        if stacked.shape != weight.shape or stacked.dtype != weight.dtype or not torch.equal(stacked, weight):
+            continue
+        parts, column = [], 0
+        for name, child in run:
+            child_path = f"{path}.{name}" if path else name
+            slot = (child_path, "linear")
+            occurrence = state.occurrences.get(slot, 0)
+            state.occurrences[slot] = occurrence + 1
+            parts.append((child_path, column, column + child.weight.shape[0], occurrence))
+            column += child.weight.shape[0]
+        return parts
+    return None
 
 
 def _as_keys(keys, what: str) -> torch.Tensor | None:

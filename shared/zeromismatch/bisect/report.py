@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .compare import Comparison, SiteDiff, bits_equal, compare_records
-from .driver import BisectConfig, SideRun, config_dict, run_sides
+from .driver import DTYPES, BisectConfig, SideRun, config_dict, run_sides
 
 
 @dataclass
@@ -44,6 +44,7 @@ class BisectResult:
         first = self.first
         out = {
             "config": config_dict(self.config),
+            "numerics": {side: self.config.numerics(side) for side in ("rollout", "trainer")},
             "diverged": self.diverged,
             "first_divergence": None,
             "perturbation": self.rollout.perturbation,
@@ -94,8 +95,9 @@ def downstream_stats(rollout: torch.Tensor, trainer: torch.Tensor) -> dict:
 
 
 def run_bisect(config: BisectConfig, trainer: SideRun | None = None) -> BisectResult:
-    """Run the engine side with ``config.rollout_kernels`` and the trainer side with
-    ``config.trainer_kernels`` on the same tokens and find the first diverging op.
+    """Run the engine side in the rollout numerics (``config.rollout_kernels``, the rollout dtype,
+    format, KV cache and head) and the trainer side in the trainer's (``config.trainer_kernels``,
+    ``dtype``, ``quant``) on the same tokens and find the first diverging op.
     ``trainer`` reuses a previous result's trainer side (``result.trainer``)."""
     rollout, trainer, prompts, responses = run_sides(config, trainer)
     comparison = compare_records(rollout.records, trainer.records)
@@ -129,12 +131,50 @@ def _describe_forward(forward: dict) -> str:
     return f"{forward.get('tokens', '?')} rows: " + ", ".join(parts)
 
 
+def describe_numerics(numerics: dict) -> str:
+    """One side's numerics in words (``BisectConfig.numerics``)."""
+    text = f"kernels {numerics['kernels']}, {numerics['dtype']}, weights {numerics['quant']}"
+    if "kv_cache_dtype" in numerics:  # the engine
+        text += f", KV cache {numerics['kv_cache_dtype']}, lm_head {numerics['lm_head']}"
+    elif numerics["quant"] != "none":  # the learner: master weights, fake-quantized in the forward
+        text += " (fake-quantized masters)"
+    return text
+
+
+_OUTSIDE_WORDS = {"activation-lm-head": "outside the KernelSet: a torch linear in the activation dtype"}
+
+
+def _inputs_line(result: BisectResult, first: SiteDiff) -> str:
+    """Why the first differing op differs, as far as its inputs tell."""
+    if first.inputs_identical is None:
+        return "not checked"
+    across = " in value" if first.compared == "values" else " bitwise"
+    if first.inputs_identical and first.op == "attention" and result.config.kv_cache_dtype != "auto":
+        return f"the queries are identical{across}; the K/V it reads are not (see the note)"
+    if first.inputs_identical:
+        return f"identical{across} -> the op itself diverges"
+    if first.input_max_abs_diff:
+        cfg = result.config
+        where = (
+            f" (the rollout holds its weights in {cfg.numerics('rollout')['dtype']}, the trainer in "
+            f"{cfg.numerics('trainer')['dtype']}: the embedding lookup before layer 0 is not a kernel op)"
+            if DTYPES[cfg.engine_dtype] != DTYPES[cfg.dtype]
+            else ""
+        )
+        return (
+            f"the row inputs differ already (max abs diff {_fmt(first.input_max_abs_diff)}), yet no earlier "
+            f"op does: they changed outside the recorded kernel calls{where}"
+        )
+    return "row inputs identical, but the weights differ -> the weights diverge, not the op"
+
+
 def format_text(result: BisectResult, max_sites: int = 12) -> str:
     cfg, cmp = result.config, result.comparison
     total_positions = sum(len(p) + len(r) - 1 for p, r in zip(result.prompts, result.responses))
     lines = [
-        f"zm bisect  model={cfg.model}  rollout={cfg.rollout_label}  trainer={cfg.trainer_label}  "
-        f"seed={cfg.seed}  dtype={cfg.dtype}  quant={cfg.quant}",
+        f"zm bisect  model={cfg.model}  seed={cfg.seed}",
+        f"rollout: {describe_numerics(cfg.numerics('rollout'))}",
+        f"trainer: {describe_numerics(cfg.numerics('trainer'))}",
         f"tokens: {len(result.prompts)} sequences, {total_positions} positions; rollout: "
         f"{len(result.rollout.forwards)} engine forwards; trainer: 1 packed forward",
     ]
@@ -156,15 +196,20 @@ def format_text(result: BisectResult, max_sites: int = 12) -> str:
     lines.append("")
     first = result.first
     if first is None:
-        lines.append("no divergence: every compared op output is bitwise identical")
+        lines.append(
+            "no divergence: every compared op output is identical (bitwise; in value where the dtypes differ)"
+        )
     else:
         forward = result.engine_forward_of(first.first_engine_call)
         engine_op = first.engine_op if first.engine_op != first.op else "same"
-        inputs = {
-            True: "bitwise identical -> the op itself diverges",
-            False: "differ (an upstream difference reached this op through non-row inputs)",
-            None: "not checked",
-        }[first.inputs_identical]
+        if first.engine_outside:
+            engine_op += f", {_OUTSIDE_WORDS.get(first.engine_outside, first.engine_outside)}"
+        compared = (
+            "bitwise (one dtype)"
+            if first.compared == "bits"
+            else f"by value in float64 (rollout {'/'.join(first.engine_dtypes or [])} vs trainer "
+            f"{'/'.join(first.trainer_dtypes)}: their bits differ by definition)"
+        )
         lines += [
             "FIRST DIVERGENCE",
             f"  op            {first.op} (engine: {engine_op})",
@@ -172,14 +217,25 @@ def format_text(result: BisectResult, max_sites: int = 12) -> str:
             f"  site          {first.path or '(head)'}  occurrence {first.occurrence}",
             f"  rows          {first.rows_differing} of {first.rows_compared} differ; first at sequence "
             f"{first.first_row[0]}, position {first.first_row[1]}",
+            f"  compared      {compared}",
             f"  max abs diff  {_fmt(first.max_abs_diff)}    max rel diff  {_fmt(first.max_rel_diff)}",
             f"  trainer       call #{first.trainer_call}: {first.trainer_shape} "
-            f"{'/'.join(first.trainer_dtypes)} (one packed forward)",
+            f"{'/'.join(first.trainer_dtypes)} (one packed forward){_cols(first.trainer_cols)}",
             f"  engine        call #{first.first_engine_call}: {first.engine_shape} "
-            f"{'/'.join(first.engine_dtypes or [])} "
+            f"{'/'.join(first.engine_dtypes or [])}{_cols(first.engine_cols)} "
             f"(forward {forward.get('forward')}: {_describe_forward(forward)})",
-            f"  inputs        {inputs}",
+            f"  inputs        {_inputs_line(result, first)}",
         ]
+        if first.trainer_weights or first.engine_weights:
+            lines.append(
+                f"  weights       trainer {', '.join(first.trainer_weights or []) or '-'}; "
+                f"engine {', '.join(first.engine_weights or []) or '-'}"
+            )
+        if first.op == "attention" and cfg.kv_cache_dtype != "auto":
+            lines.append(
+                f"  note          the engine's K/V went through its {cfg.kv_cache_dtype} cache (rounded "
+                "before paged_attention reads them); the trainer attends to unrounded K/V"
+            )
     stats = result.logprob_stats
     n_diff = sum(1 for t in result.token_diffs if not t["identical"])
     lines += [
@@ -207,3 +263,7 @@ def format_text(result: BisectResult, max_sites: int = 12) -> str:
                 f"{site.rows_differing:>4}/{site.rows_compared:<4}  {_fmt(site.max_abs_diff):>9}"
             )
     return "\n".join(lines)
+
+
+def _cols(cols: list[int] | None) -> str:
+    return "" if cols is None else f", columns [{cols[0]}, {cols[1]}) of a fused projection"

@@ -9,6 +9,10 @@ the file is not tracked at HEAD, the working-tree file is the baseline. ``--comm
 names the baseline explicitly (a missing PATH is an error). The output says which was used.
 ``--contract`` prints what data each claim reads (run keys, metric series, benchmark keys), i.e.
 what an experiment must write for its claims to be judged.
+
+Every audit also checks that the run files are what their runs wrote (:mod:`..audit.integrity`:
+manifests, provenance, config hashes, recorded commits, committed data vs git HEAD) and prints one
+line per file found wanting on stderr; ``--strict`` exits 1 on any such finding as well.
 """
 
 from __future__ import annotations
@@ -23,9 +27,14 @@ def register(sub) -> None:
     p = sub.add_parser("audit", help="published claims vs reproduced results: verdict table")
     p.add_argument("--experiment", default=None, help="only this experiment's claims")
     p.add_argument(
-        "--strict", action="store_true", help="exit 1 if a committed reproduced-* verdict no longer holds"
+        "--strict",
+        action="store_true",
+        help="exit 1 if a committed reproduced-* verdict no longer holds, or a run's files fail the "
+        "integrity checks (manifest, provenance, config hash, commit, committed data vs git HEAD)",
     )
-    p.add_argument("--results", default=None, help="results directory (default: the repository's results/)")
+    p.add_argument(
+        "--results", default=None, help="results directory (default: results/ of the checkout the cwd is in)"
+    )
     p.add_argument(
         "--committed",
         default=None,
@@ -165,11 +174,12 @@ def load_baseline(results_root: Path, explicit: str | None) -> tuple[dict | None
 
 
 def run(args) -> int:
+    from ..audit.integrity import check_results
     from ..audit.registry import AuditInputError, default_results_root, load_registry
     from ..audit.verdicts import evaluate_all, strict_regressions
 
-    results_root = Path(args.results) if args.results else default_results_root()
-    try:
+    try:  # outside any checkout, default_results_root is one AuditInputError naming --results
+        results_root = Path(args.results) if args.results else default_results_root()
         registry = load_registry(results_root)
         if args.experiment and args.experiment not in registry.experiments:
             known = ", ".join(registry.experiments)
@@ -185,25 +195,32 @@ def run(args) -> int:
     except AuditInputError as err:
         print(f"zm audit: {err}", file=sys.stderr)
         return 2
+    integrity = check_results(results_root, registry, args.experiment)
     if args.json:
         print(json.dumps([v.as_dict() for v in verdicts], indent=2, sort_keys=True))
     else:
         print_table(registry, verdicts)
+    prefix = "zm audit --strict" if args.strict else "zm audit"
+    for note in integrity.notes:
+        print(f"{prefix}: not checked: {note}", file=sys.stderr)
     if not args.strict:
+        for finding in integrity.findings:
+            print(f"{prefix}: {finding}", file=sys.stderr)
         return 0
+    problems = []
     if committed is None:
-        print(f"zm audit --strict: {baseline}; nothing to hold", file=sys.stderr)
-        return 0
-    print(f"zm audit --strict: baseline: {baseline}", file=sys.stderr)
-    if args.experiment:
-        committed = {
-            "claims": {
-                cid: entry
-                for cid, entry in committed.get("claims", {}).items()
-                if isinstance(entry, dict) and entry.get("experiment") == args.experiment
+        print(f"zm audit --strict: {baseline}; no verdicts to hold", file=sys.stderr)
+    else:
+        print(f"zm audit --strict: baseline: {baseline}", file=sys.stderr)
+        if args.experiment:
+            committed = {
+                "claims": {
+                    cid: entry
+                    for cid, entry in committed.get("claims", {}).items()
+                    if isinstance(entry, dict) and entry.get("experiment") == args.experiment
+                }
             }
-        }
-    problems = strict_regressions(verdicts, committed)
-    for problem in problems:
+        problems = strict_regressions(verdicts, committed)
+    for problem in [*problems, *integrity.findings]:
         print(f"zm audit --strict: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return 1 if problems or integrity.findings else 0

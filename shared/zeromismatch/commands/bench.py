@@ -17,7 +17,10 @@ BENCHMARKS = ("ops", "rollout", "rollout_breakdown", "async")
 
 
 def _root() -> Path:
-    return Path(__file__).resolve().parents[3]
+    """The checkout the command runs in (its benchmarks/), not the one the package was imported from."""
+    from ..checkout import checkout_root
+
+    return checkout_root("nothing else: zm bench runs the benchmarks/ of a source checkout")
 
 
 def register(sub) -> None:
@@ -28,8 +31,15 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    script = _root() / "benchmarks" / f"{args.name}.py"
+    from ..checkout import NoCheckoutError
+
+    try:
+        root = _root()
+    except NoCheckoutError as err:
+        print(f"zm bench: {err}", file=sys.stderr)
+        return 2
+    script = root / "benchmarks" / f"{args.name}.py"
     if not script.exists():
         print(f"zm bench: {script} not found (zm bench runs from a source checkout)", file=sys.stderr)
         return 2
-    return subprocess.run([sys.executable, str(script), *args.args], cwd=_root()).returncode
+    return subprocess.run([sys.executable, str(script), *args.args], cwd=root).returncode

@@ -47,8 +47,12 @@ def _parse(args):
     from ..argtypes import parse_device
     from ..io import check_file_path
     from ..kernels import get_kernels
+    from ..kernels.aligned.gemm import check_gemm_environment
     from ..kernels.selfcheck import DTYPES, SEED_LIMIT
 
+    # the checks' GEMMs and the provenance read these variables: a bad one fails now, for every kernel
+    # set (the default set's GEMMs never read the tile rows, so it would fail only at the provenance)
+    check_gemm_environment()
     kernels = [get_kernels(name) for name in _split(args.kernels)]
     devices = [parse_device(text) for text in _split(args.device)]
     dtypes = _split(args.dtype)

@@ -26,12 +26,16 @@ import torch
 from ..argtypes import int_at_least_or_none
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16"}
+RL_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # RLConfig's spelling
 
 
 def make_workload(
-    seed: int, num_prompts: int, vocab_size: int, max_prompt_len: int, params_kwargs: dict
+    seed: int, num_prompts: int, vocab_size: int, max_prompt_len: int, params_kwargs: dict,
+    prompts: list[list[int]] | None = None,
 ) -> list[tuple[int, list[int], object]]:
-    """``[(arrival_step, prompt_token_ids, SamplingParams)]`` in arrival order."""
+    """``[(arrival_step, prompt_token_ids, SamplingParams)]`` in arrival order. ``prompts`` (a trained
+    policy's own task prompts) replace the random ones; the arrivals stay staggered."""
     from ..engine import SamplingParams
 
     gen = torch.Generator().manual_seed(seed)
@@ -44,6 +48,8 @@ def make_workload(
         prompt = torch.randint(0, vocab_size, (length,), generator=gen).tolist()
         if i % 2 == 1:
             prompt = (prefix + prompt)[:max_prompt_len]
+        if prompts is not None:
+            prompt = list(prompts[i % len(prompts)])
         params = SamplingParams(seed=seed * 100_003 + i, **params_kwargs)
         workload.append((arrival, prompt, params))
         arrival += int(torch.randint(0, 3, (1,), generator=gen))
@@ -80,22 +86,37 @@ def run_engine_workload(llm, workload) -> list:
 
 
 def _trainer_worker(rank, group, preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order):
-    from ..engine.llm import build_preset
     from ..train.logprobs import compute_logprobs
 
-    model = build_preset(preset, kernels, dtype, seed, quant, tp_group=group)
+    model = build_trainer_model(preset, kernels, dtype, seed, quant, tp_group=group)
     return compute_logprobs(model, prompts, responses, params, micro_batch_size=mbs, order=order)
 
 
-def trainer_logprobs(preset, kernels, dtype, seed, quant, trainer_tp, outputs) -> list[torch.Tensor]:
-    """The trainer's recompute: packing independent of the engine (reverse order, ~thirds)."""
+def build_trainer_model(preset, kernels, dtype, seed, quant, tp_group=None):
+    """The trainer's model as the RL learner holds it: master weights in ``dtype`` and, with a weight
+    format, the fake-quantized forward (the engine's quantize -> dequantize, straight-through)."""
+    from ..engine.llm import build_preset
+    from ..models import fake_quantize_model
+
+    model = build_preset(preset, kernels, dtype, seed, None, tp_group=tp_group)
+    return model if quant in (None, "none") else fake_quantize_model(model, quant)
+
+
+def trainer_logprobs(
+    preset, kernels, dtype, seed, quant, trainer_tp, outputs, model=None
+) -> list[torch.Tensor]:
+    """The trainer's recompute: packing independent of the engine (reverse order, ~thirds). ``model``:
+    an already built trainer model (TP 1), else one is built from the preset in each worker."""
     from ..engine.tp import run_spmd
+    from ..train.logprobs import compute_logprobs
 
     prompts = [o.prompt_token_ids for o in outputs]
     responses = [o.token_ids for o in outputs]
     params = [o.sampling_params for o in outputs]
     mbs = max(1, (len(outputs) + 2) // 3)
     order = list(range(len(outputs)))[::-1]
+    if model is not None:
+        return compute_logprobs(model, prompts, responses, params, micro_batch_size=mbs, order=order)
     args = (preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order)
     if trainer_tp == 1:
         return _trainer_worker(0, None, *args)
@@ -122,7 +143,7 @@ def diff_stats(rollout: torch.Tensor, trainer: torch.Tensor) -> dict:
 
 
 def run_parity(
-    model: str,
+    model: str | None,
     kernels: str = "aligned",
     seed: int = 0,
     num_prompts: int = 8,
@@ -139,7 +160,19 @@ def run_parity(
     logprobs_mode: str = "processed",
     max_num_batched_tokens: int = 32,
     max_prompt_len: int = 40,
+    rollout_kernels: str | None = None,
+    rollout_dtype: str | None = None,
+    rollout_quant: str | None = None,
+    kv_cache_dtype: str = "auto",
+    rollout_lm_head: str = "fp32",
+    checkpoint: str | None = None,
 ) -> dict:
+    """Engine (rollout numerics) vs trainer (learner numerics) on one workload; see the module
+    docstring. ``dtype`` / ``quant`` / ``kernels`` are both sides' unless a ``rollout_*`` field overrides
+    the engine's. The engine always holds the trainer's weights cast to its dtype and re-quantized to its
+    format, as an RL weight update delivers them. ``checkpoint``: a ``zm train`` run directory (or one of
+    its ``checkpoints/step_N`` directories) whose trained weights and task prompts are used instead of
+    the preset's random init and random tokens."""
     if logprobs_mode == "processed" and (temperature == 0 or top_k == 1):
         # the processed distribution is then one-hot: every logprob is exactly 0 on any kernels, and
         # "identical" would only say that both sides picked the same tokens
@@ -149,52 +182,84 @@ def run_parity(
         )
     from ..engine import LLM
     from ..engine.llm import build_preset
-    from ..models import resolve_config
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    if num_prompts < 1:
-        raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
-    config = resolve_config(model)
+    from ..models import quantize_model, resolve_config
     from ..models.causal_lm import check_tp_degree
+    from ..models.memory import check_weights_fit
+    from ..rl.stacks import numerics_problems
 
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
+    rollout_dtype = DTYPE_ALIASES.get(rollout_dtype, rollout_dtype)
+    for name, value in (("--dtype", dtype), ("--rollout-dtype", rollout_dtype)):
+        if value is not None and value not in DTYPES:
+            raise ValueError(f"{name} must be one of {sorted(DTYPES)}, got {value!r}")
+    sizes = (("--num-prompts", num_prompts), ("--max-tokens", max_tokens), ("--max-num-seqs", max_num_seqs),
+             ("--max-num-batched-tokens", max_num_batched_tokens))  # fmt: skip
+    for flag, value in sizes:
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    numerics = dict(
+        kernels=kernels, rollout_kernels=rollout_kernels, dtype=RL_DTYPES[dtype], quant=quant,
+        rollout_dtype=RL_DTYPES.get(rollout_dtype), rollout_quant=rollout_quant,
+        kv_cache_dtype=kv_cache_dtype, rollout_lm_head=rollout_lm_head,
+    )  # fmt: skip
+    for field, why in numerics_problems(numerics):
+        raise ValueError(f"--{field.replace('_', '-')}: {why} (got {numerics[field]!r})")
+    engine_kernels = rollout_kernels or kernels
+    engine_dtype = rollout_dtype or dtype
+    engine_quant = rollout_quant or quant
+    trained = None
+    if checkpoint is not None:
+        from ..rl.trained import load_trained_policy
+
+        trained = load_trained_policy(checkpoint)
+        if model is not None and model != trained.config.model:
+            raise ValueError(f"--model {model}: the checkpoint holds a {trained.config.model} policy")
+        model = trained.config.model
+        if tp > 1 or trainer_tp > 1:
+            raise ValueError(f"--checkpoint runs at TP 1; got --tp {tp} --trainer-tp {trainer_tp}")
+    elif model is None:
+        raise ValueError("--model is required (or --checkpoint RUN_DIR)")
+    config = resolve_config(model)
     check_tp_degree(config, tp, "--tp")
     check_tp_degree(config, trainer_tp, "--trainer-tp")
-    if quant != "none" and (tp > 1 or trainer_tp > 1):
+    if engine_quant != "none" and (tp > 1 or trainer_tp > 1):
         # refused here, before the rollout runs: each TP worker would fail on its own otherwise
         raise ValueError(
-            f"--quant {quant} runs at TP 1 only (quantize_model does not shard quantized weights); "
+            f"--quant {engine_quant} runs at TP 1 only (quantize_model does not shard quantized weights); "
             f"got --tp {tp} --trainer-tp {trainer_tp}"
         )
-    torch_dtype = DTYPES[dtype]
-    from ..models.memory import check_weights_fit
-
-    # the engine's copy stays alive while the trainer builds its own
-    check_weights_fit(config, torch_dtype, copies=2, what=f"--model {model}")
+    # the engine's copy stays alive while the trainer holds its own
+    check_weights_fit(config, DTYPES[dtype], copies=2, what=f"--model {model}")
     params_kwargs = dict(
         temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, logprobs_mode=logprobs_mode
     )
     engine_kwargs = dict(
-        dtype=torch_dtype,
-        seed=seed,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        prefill_chunk=prefill_chunk,
-        block_size=8,
-        quant=quant,
-        tp=tp,
-    )
+        dtype=DTYPES[engine_dtype], seed=seed, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, prefill_chunk=prefill_chunk, block_size=8,
+        kv_cache_dtype=kv_cache_dtype, lm_head_precision=rollout_lm_head,
+    )  # fmt: skip
+    trainer_model, prompts = None, None
+    if trained is not None:
+        trainer_model, engine_model = trained.build(numerics, "learner"), trained.build(numerics, "rollout")
+        prompts = trained.prompts(num_prompts)
+        config = trainer_model.config
+        params_kwargs["stop_token_ids"] = trained.stop_token_ids
+    elif trainer_tp == 1:
+        trainer_model = build_trainer_model(model, kernels, DTYPES[dtype], seed, quant)
     if tp == 1:
-        llm = LLM(
-            build_preset(model, kernels, torch_dtype, seed, quant),
-            kernels,
-            **{**engine_kwargs, "quant": None},
-        )
+        if trained is None:
+            engine_model = build_preset(model, engine_kernels, DTYPES[engine_dtype], seed, None)
+        if trainer_model is not None:  # the trainer's weights, cast and re-quantized as an update would
+            engine_model.load_state_dict_hf(trainer_model.state_dict_hf())
+        if engine_quant != "none":
+            quantize_model(engine_model, engine_quant)
+        llm = LLM(engine_model, engine_kernels, **engine_kwargs)
     else:
-        llm = LLM(model, kernels, **engine_kwargs)
+        llm = LLM(model, engine_kernels, quant=None if engine_quant == "none" else engine_quant, tp=tp,
+                  **engine_kwargs)  # fmt: skip
     try:
         vocab = int(config.vocab_size)
-        workload = make_workload(seed, num_prompts, vocab, max_prompt_len, params_kwargs)
+        workload = make_workload(seed, num_prompts, vocab, max_prompt_len, params_kwargs, prompts)
         outputs = run_engine_workload(llm, workload)
         stats = {
             "prefix_cache_hits": int(llm.prefix_cache_hits()),
@@ -203,35 +268,36 @@ def run_parity(
     finally:
         if tp > 1:
             llm.close()
-    trainer = trainer_logprobs(model, kernels, torch_dtype, seed, quant, trainer_tp, outputs)
+    del llm
+    trainer = trainer_logprobs(model, kernels, DTYPES[dtype], seed, quant, trainer_tp, outputs, trainer_model)
     rollout = torch.cat([torch.tensor(o.logprobs, dtype=torch.float32) for o in outputs])
     trainer = torch.cat(trainer)
     result = diff_stats(rollout, trainer)
     result.update(stats)
     result.update(
-        model=model,
-        kernels=kernels,
-        seed=seed,
-        num_prompts=num_prompts,
-        max_tokens=max_tokens,
-        tp=tp,
-        trainer_tp=trainer_tp,
-        prefill_chunk=prefill_chunk,
-        max_num_seqs=max_num_seqs,
-        quant=quant,
-        dtype=dtype,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        logprobs_mode=logprobs_mode,
-    )
+        model=model, kernels=kernels, seed=seed, num_prompts=num_prompts, max_tokens=max_tokens, tp=tp,
+        trainer_tp=trainer_tp, prefill_chunk=prefill_chunk, max_num_seqs=max_num_seqs, quant=quant,
+        dtype=dtype, temperature=temperature, top_k=top_k, top_p=top_p, logprobs_mode=logprobs_mode,
+        rollout_kernels=engine_kernels, rollout_dtype=engine_dtype, rollout_quant=engine_quant,
+        kv_cache_dtype=kv_cache_dtype, rollout_lm_head=rollout_lm_head,
+        checkpoint=None if trained is None else str(trained.path),
+        weights_sha256=None if trained is None else trained.weights_sha256,
+    )  # fmt: skip
     return result
 
 
 def register(sub) -> None:
+    from .numerics import add_numerics_arguments
+
     p = sub.add_parser("parity", help="rollout-vs-trainer logprob diff on a randomized engine workload")
-    p.add_argument("--model", required=True, help="model preset, e.g. tiny-qwen3")
-    p.add_argument("--kernels", default="aligned", help="kernel set: aligned | default | aligned-native")
+    p.add_argument("--model", default=None, help="model preset, e.g. tiny-qwen3 (or --checkpoint)")
+    p.add_argument("--checkpoint", metavar="RUN_DIR", default=None,
+                   help="a zm train run (or its checkpoints/step_N) whose trained weights and task prompts "
+                        "to use")
+    p.add_argument("--kernels", default=None,
+                   help="kernel set of the trainer and (unless --rollout-kernels) the engine: aligned | "
+                        "default | aligned-native")  # fmt: skip
+    add_numerics_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
@@ -245,8 +311,6 @@ def register(sub) -> None:
     )
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--max-num-batched-tokens", type=int, default=32)
-    p.add_argument("--quant", choices=["none", "fp8", "nvfp4"], default="none")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="activation/weight dtype")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -256,10 +320,21 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from .numerics import resolve_numerics
+
     try:
+        numerics = resolve_numerics(args, args.kernels, args.rollout_kernels)
         result = run_parity(
             model=args.model,
-            kernels=args.kernels,
+            kernels=numerics["kernels"],
+            rollout_kernels=numerics["rollout_kernels"],
+            dtype=numerics["dtype"],
+            quant=numerics["quant"],
+            rollout_dtype=numerics["rollout_dtype"],
+            rollout_quant=numerics["rollout_quant"],
+            kv_cache_dtype=numerics["kv_cache_dtype"],
+            rollout_lm_head=numerics["rollout_lm_head"],
+            checkpoint=args.checkpoint,
             seed=args.seed,
             num_prompts=args.num_prompts,
             max_tokens=args.max_tokens,
@@ -268,8 +343,6 @@ def run(args) -> int:
             prefill_chunk=args.prefill_chunk,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            quant=args.quant,
-            dtype=args.dtype,
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,

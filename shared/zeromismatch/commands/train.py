@@ -4,7 +4,13 @@
              --lag 8 --steps 50 --seed 0 --out runs/arith-lag8
 
 Writes metrics.jsonl (one record per step), summary.json, provenance.json and config.json;
-``--resume`` continues from the last checkpoint bit for bit.
+``--resume`` continues from the last checkpoint bit for bit. Numerics per side: ``--stack`` (e.g.
+``fast-fp8``: a bf16 FP8 rollout with an FP8 KV cache and a bf16 head against the fp32 learner) or the
+flags of ``commands/numerics.py``.
+
+A run's own failures (a bad flag or config, a corrupt or incomplete checkpoint, an unwritable --out,
+a full disk, --out in use by another run) are one line on stderr naming the file or flag, exit 2;
+what the run had already written stays as it was.
 """
 
 from __future__ import annotations
@@ -15,15 +21,17 @@ import sys
 
 def register(sub) -> None:
     from ..rl.config import ALGOS, EXECUTORS, UPDATE_MODES
+    from .numerics import add_numerics_arguments
 
     p = sub.add_parser("train", help="run REINFORCE Zero / GRPO / GSPO / PPO-clip / TIS on a verifiable env")
     p.add_argument("--env", default="arithmetic", help="arithmetic | tools | code_repair | desktop")
     p.add_argument("--model", default="tiny-qwen3", help="model preset (tiny-qwen3, tiny-qwen3-moe, ...)")
     p.add_argument("--algo", default="reinforce_zero", choices=ALGOS)
     p.add_argument(
-        "--kernels", default="aligned", help="learner kernel set (aligned | default | aligned-native)"
+        "--kernels", default=None,
+        help="learner kernel set (aligned | default | aligned-native; default aligned)",
     )
-    p.add_argument("--rollout-kernels", default=None, help="engine kernel set (default: same as --kernels)")
+    add_numerics_arguments(p)
     p.add_argument("--lag", type=int, default=0, help="maximum policy lag k (0 = synchronous), up to 64")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -44,6 +52,10 @@ def register(sub) -> None:
         help="samples per eval prompt for sampled pass@1 (0 = greedy pass@1 only)",
     )
     p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument(
+        "--keep-checkpoints", type=int, default=2,
+        help="newest checkpoints kept (0 = all); the warm start step_000000 is always kept besides",
+    )  # fmt: skip
     p.add_argument("--executor", default="inprocess", choices=EXECUTORS)
     p.add_argument("--update-mode", default="keep", choices=UPDATE_MODES)
     p.add_argument("--wandb", action="store_true", help="log to wandb in offline mode")
@@ -56,21 +68,37 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..io import check_directory_path
     from ..rl import RLConfig, train
+    from ..train.checkpoint import CheckpointError
+    from .numerics import resolve_numerics
 
     try:
         check_directory_path(args.out, "--out")  # before any work, not when the run first writes
+        numerics = resolve_numerics(args, args.kernels, args.rollout_kernels)
         config = RLConfig(
-            env=args.env, model=args.model, algo=args.algo, kernels=args.kernels,
-            rollout_kernels=args.rollout_kernels, lag=args.lag, steps=args.steps, seed=args.seed,
+            env=args.env, model=args.model, algo=args.algo, **numerics, lag=args.lag, steps=args.steps,
+            seed=args.seed,
             prompts_per_step=args.prompts_per_step, group_size=args.group_size,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, lr=args.lr, sft_steps=args.sft_steps, eval_every=args.eval_every,
             eval_size=args.eval_size, eval_samples=args.eval_samples, checkpoint_every=args.checkpoint_every,
-            executor=args.executor, update_mode=args.update_mode, wandb=args.wandb,
+            keep_checkpoints=args.keep_checkpoints, executor=args.executor, update_mode=args.update_mode,
+            wandb=args.wandb,
         )  # fmt: skip
         summary = train(config, args.out, resume=args.resume, quiet=args.quiet)
-    except (ValueError, FileExistsError, NotImplementedError) as err:
-        print(f"zm train: {err}", file=sys.stderr)
+    # FileExistsError (--out holds a run) is an OSError; CheckpointError a RuntimeError
+    except (CheckpointError, OSError, ValueError, NotImplementedError) as err:
+        print(f"zm train: {_one_line(err, args.out)}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
+
+
+def _one_line(err: BaseException, out: str) -> str:
+    """``err`` as one line naming its file: an OSError raised without a file name (a low-level write)
+    is placed under --out; messages that span lines (a remote traceback) are joined."""
+    from ..io import DirectoryLockedError
+
+    text = str(err)
+    if isinstance(err, OSError) and err.strerror and not isinstance(err, DirectoryLockedError):
+        text = f"{err.filename}: {err.strerror}" if err.filename else f"--out {out}: {err.strerror}"
+    return " ".join(text.split())

@@ -10,24 +10,34 @@ request's ``logprobs_mode``) and the weight version that produced it.
 Bad input (empty prompt, a prompt that leaves no room under the model's context
 length, token ids outside the vocabulary, bad sampling parameters) is rejected per
 request with one ValueError/TypeError; ``generate`` turns it into an output with
-``finish_reason="error"`` and keeps serving the other prompts.
+``finish_reason="error"`` and keeps serving the other prompts. Token ids are Python or numpy
+integers (never bools). The engine's sizes (``max_num_seqs``, ``block_size``, ...) and the GEMM
+environment variables are checked, naming them, before the model is built.
 
 The PipelineRL fixes (S2) are explicit options: ``logprobs_mode`` per request (fix 1),
 ``prefix_cache_versioned`` (fix 2), the ``update_weights`` mode (fix 3) and the kernel
 set's lm_head precision (fix 4: aligned = fp32 head; default = activation-dtype head).
+``kv_cache_dtype="fp8_e4m3"`` (bf16/fp16 models) rounds cached K/V through e4m3 with unit scales,
+as vLLM's option does (``models/causal_lm.py::allocate_cache``); the trainer, which has no cache,
+does not, so it is one of the stock stack's mismatch paths.
 ``tp > 1`` runs the same engine SPMD in spawned gloo workers (see ``tp.py``).
 """
 
 from __future__ import annotations
 
 import itertools
+import numbers
+import sys
 import warnings
 from collections.abc import Sequence
 
 import torch
 
 from ..kernels import get_kernels
+from ..kernels.aligned.gemm import check_gemm_environment
+from ..kernels.quant import check_kv_cache_dtype
 from ..kernels.selfcheck import verify_for_model
+from ..models.quantized import QUANT_FORMATS as WEIGHT_FORMATS
 from .kv_cache import BlockManager
 from .request import Request, RequestOutput, RequestStatus
 from .runner import ModelRunner
@@ -35,7 +45,7 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .weights import merged_state_dict, validate_update_mode
 
-QUANT_FORMATS = ("none", "fp8", "nvfp4")
+QUANT_FORMATS = ("none", *WEIGHT_FORMATS)
 
 
 def build_preset(preset: str, kernels="aligned", dtype=torch.float32, seed=0, quant=None, tp_group=None):
@@ -103,13 +113,25 @@ class LLM:
         tp: int = 1,
         tp_group=None,
         enforce_eager: bool = False,
+        kv_cache_dtype: str = "auto",
     ):
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be a positive int, got {tp!r}")
         if tp != 1 and tp_group is None:
             raise ValueError("LLM(tp>1) is served by TensorParallelLLM; pass tp_group only from its workers")
+        # checked before the model is built, by the names the caller used (the scheduler and the
+        # cache would otherwise refuse them later, under their own internal names)
+        check_engine_sizes(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+            num_blocks=num_blocks, max_model_len=max_model_len, prefill_chunk=prefill_chunk,
+        )  # fmt: skip
+        check_gemm_environment()  # a bad GEMM variable fails here, not inside the first engine step
+        # a preset's activation dtype is known before it is built: bad values fail before any work
+        check_kv_cache_dtype(kv_cache_dtype, dtype if isinstance(model, str) else None)
         self.kernels = get_kernels(kernels) if isinstance(kernels, str) else kernels
         self.model = resolve_model(model, kernels, dtype, seed, quant, tp_group)
+        check_kv_cache_dtype(kv_cache_dtype, _activation_dtype(self.model, kv_cache_dtype))
+        self.kv_cache_dtype = kv_cache_dtype
         # a tensor-parallel rank must not carry on alone after a failed forward (its peers may be
         # blocked in a collective): there a step's exception propagates and TensorParallelLLM
         # takes the group down
@@ -136,7 +158,7 @@ class LLM:
         # forward runs collectives, which are not recorded: ranks run eagerly
         self.runner = ModelRunner(
             self.model, self.kernels, num_blocks, block_size, max_num_seqs, lm_head_precision,
-            step_graphs=not enforce_eager and tp_group is None,
+            step_graphs=not enforce_eager and tp_group is None, kv_cache_dtype=kv_cache_dtype,
         )  # fmt: skip
         # models with per-sequence recurrent state (Mamba2 layers) need a state slot per request
         uses_state_slots = any(state is not None for state in self.runner.cache.ssm_state)
@@ -155,16 +177,23 @@ class LLM:
 
     # ---- requests ----------------------------------------------------------
     def _validate_prompt(self, prompt_token_ids) -> list[int]:
-        if isinstance(prompt_token_ids, torch.Tensor):
+        numpy = sys.modules.get("numpy")  # only an imported numpy can have made the prompt
+        if isinstance(prompt_token_ids, torch.Tensor) or (
+            numpy is not None and isinstance(prompt_token_ids, numpy.ndarray)
+        ):
             prompt_token_ids = prompt_token_ids.tolist()
         if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
             raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt_token_ids).__name__}")
         tokens = list(prompt_token_ids)
         if not tokens:
             raise ValueError("prompt is empty: a request needs at least one prompt token")
-        for token in tokens:
-            if isinstance(token, bool) or not isinstance(token, int):
-                raise TypeError(f"prompt token ids must be ints, got {token!r}")
+        for i, token in enumerate(tokens):
+            if type(token) is not int:
+                # numpy integers (np.int64 read from an array) are token ids too, stored as Python
+                # ints; a bool is not (True would silently be token 1)
+                if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+                    raise TypeError(f"prompt token ids must be ints, got {token!r}")
+                tokens[i] = int(token)
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
@@ -350,6 +379,34 @@ class LLM:
 
     def prefix_cache_hits(self) -> int:
         return self.block_manager.hits
+
+
+def check_engine_sizes(**sizes) -> None:
+    """ValueError/TypeError naming the argument when one of the engine's sizes is not an int >= 1
+    (``num_blocks``, ``max_model_len`` and ``prefill_chunk`` may also be None: derived / no limit)."""
+    optional = ("num_blocks", "max_model_len", "prefill_chunk")
+    for name, value in sizes.items():
+        if value is None and name in optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            kind = "an int >= 1 or None" if name in optional else "an int >= 1"
+            raise TypeError(f"{name} must be {kind}, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _activation_dtype(model, kv_cache_dtype: str) -> torch.dtype | None:
+    """The model's activation dtype, which an FP8 KV cache must be able to serve (None for "auto",
+    which serves any); a model object without a ``dtype`` cannot be checked, so it cannot have one."""
+    if kv_cache_dtype == "auto":
+        return None
+    dtype = getattr(model, "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r} needs a model with a torch dtype (its activations'); "
+            f"{type(model).__name__} has none"
+        )
+    return dtype
 
 
 def _error_output(request_id: str, prompt, params, message: str) -> RequestOutput:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.quant import check_kv_cache_dtype
 from ..models.batch import ForwardBatch, ModelCache
 from .sampler import Sampler
 from .scheduler import ScheduledChunk
@@ -36,24 +37,39 @@ class ModelRunner:
         max_num_seqs: int,
         lm_head_precision: str = "fp32",
         step_graphs: bool = True,
+        kv_cache_dtype: str = "auto",
     ):
         if lm_head_precision not in LM_HEAD_PRECISIONS:
             raise ValueError(
                 f"lm_head_precision must be one of {LM_HEAD_PRECISIONS}, got {lm_head_precision!r}"
             )
+        check_kv_cache_dtype(kv_cache_dtype)  # (the model's allocate_cache checks its dtype)
         self.lm_head_precision = lm_head_precision
+        self.kv_cache_dtype = kv_cache_dtype
         self.model = model
         self.kernels = kernels
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_num_seqs = max_num_seqs
         self.sampler = Sampler(kernels)
-        self.cache: ModelCache = model.allocate_cache(num_blocks, block_size, max_num_seqs)
+        self.cache: ModelCache = self._allocate_cache()
         self.graphs = DecodeGraphs(step_graphs, self.cache, model)
 
+    def _allocate_cache(self) -> ModelCache:
+        # "auto" is not passed: a model object's allocate_cache need not know kv_cache_dtype
+        extra = {} if self.kv_cache_dtype == "auto" else {"kv_cache_dtype": self.kv_cache_dtype}
+        cache = self.model.allocate_cache(self.num_blocks, self.block_size, self.max_num_seqs, **extra)
+        if getattr(cache, "kv_cache_dtype", "auto") != self.kv_cache_dtype:
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r}: {type(self.model).__name__}.allocate_cache "
+                f"returned a {getattr(cache, 'kv_cache_dtype', 'auto')!r} cache"
+            )
+        return cache
+
     def reset_cache(self) -> None:
-        """Fresh cache tensors (e.g. after a weight update with a different dtype)."""
-        self.cache = self.model.allocate_cache(self.num_blocks, self.block_size, self.max_num_seqs)
+        """Fresh cache tensors (e.g. after a weight update with a different dtype), of the same
+        ``kv_cache_dtype`` (and unit FP8 scales: ``CausalLM.allocate_cache``)."""
+        self.cache = self._allocate_cache()
         self.graphs.clear()
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> ForwardBatch:

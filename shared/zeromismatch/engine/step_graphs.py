@@ -14,6 +14,11 @@ forward's bits). This is the engine side of vLLM's CUDA graphs, with vLLM's swit
   the host every step, which a replay would skip; rows with different parameters would need a
   graph per mix (found in review: slower than eager with per-row random temperatures). There the
   graph stops at the hidden states and the sampler runs eagerly.
+- **FP8 KV cache.** With ``kv_cache_dtype="fp8_e4m3"`` each attention layer's K/V rounding
+  (``kernels/quant.py::fp8_kv_roundtrip``: divide, clamp, casts, multiply) is aten ops on the step's
+  tensors and the cache's scale tensors, recorded and replayed like any other, so a replay gives the
+  eager step's bits (tests/engine/test_kv_cache_fp8.py); the scales are read from their tensors at
+  every replay, not baked in.
 - **Keys.** A graph is keyed on ``(num_tokens, num_seqs, block-table width)``, the thread count,
   inference mode and, when it samples, the rows' shared (temperature, top_k, top_p) by value (the
   sampler's top-k / top-p plan is built from them at capture). The block table is padded to a

@@ -171,6 +171,13 @@ class TensorParallelLLM:
             raise TypeError("LLM(tp>1) needs the kernel set by name")
         if kwargs.get("quant") not in (None, "none"):  # one error here, not one per worker
             raise ValueError("LLM(tp>1) cannot quantize: quantize_model does not shard quantized weights")
+        if "kv_cache_dtype" in kwargs:  # the workers get it with the other kwargs; checked once, here
+            import torch
+
+            from ..kernels.quant import check_kv_cache_dtype
+
+            # (a worker's construction error would come back as a RuntimeError; float32: LLM's default)
+            check_kv_cache_dtype(kwargs["kv_cache_dtype"], kwargs.get("dtype", torch.float32))
         if kwargs.get("enable_prefix_caching"):
             # said here, once (in the workers it went once per rank to their stderr, out of the
             # caller's reach); the workers then get None: "where supported"

@@ -16,7 +16,12 @@ engine's weight version. What happens to requests that are in flight is explicit
   aborted (finish_reason "abort").
 Weights are a name -> tensor mapping in the model's HF naming (``state_dict_hf``); a
 subset is allowed, unknown names and shape mismatches are rejected before anything
-changes.
+changes, and so is an empty mapping (it would bump the version and change nothing, so two
+versions would name the same weights). Floating dtypes other than the model's are cast on load
+(an fp32 learner feeding a bf16 rollout is the stock stack's path), except fp64 into a model that
+is not fp64: no trainer here produces fp64 weights (it is numpy's default dtype, e.g. a
+``torch.from_numpy`` of a float64 array), and the cast would round them to values the caller
+does not hold, so it is refused naming the weight.
 """
 
 from __future__ import annotations
@@ -42,7 +47,13 @@ def merged_state_dict(model, weights) -> dict[str, torch.Tensor]:
     finiteness, completed from the model's current weights when it is a subset."""
     if not hasattr(weights, "items"):
         raise TypeError(f"update_weights expects a mapping name -> tensor, got {type(weights).__name__}")
+    if not weights:
+        raise ValueError(
+            "update_weights: no weights given; an empty update would bump the weight version "
+            "and change nothing"
+        )
     expected = _expected_shapes(model)
+    model_dtype = getattr(model, "dtype", None)
     unknown = sorted(set(weights) - set(expected))
     if unknown:
         more = " ..." if len(unknown) > 5 else ""
@@ -55,6 +66,12 @@ def merged_state_dict(model, weights) -> dict[str, torch.Tensor]:
             bad.append(f"{name}: got {tuple(tensor.shape)}, expected {expected[name]}")
         elif not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"update_weights: weight {name!r} is not a finite floating-point tensor")
+        elif tensor.dtype == torch.float64 and model_dtype != torch.float64:
+            raise ValueError(
+                f"update_weights: weight {name!r} is float64 but the model holds "
+                f"{model_dtype or 'another dtype'}; casting would round it silently: convert it to the "
+                "model's dtype first"
+            )
     if bad:
         raise ValueError("update_weights: shape mismatch: " + "; ".join(bad[:5]))
     if set(weights) == set(expected):

@@ -15,8 +15,9 @@ RL raised the metric. The configs were chosen by the probes in docs/learnability
 seeds below are the whole suite, and none is dropped after its runs.
 
 Runs go through the same ``rl.train`` as every experiment, one directory per (case, seed):
-``results/reproduced/learnability/<case>/seed<k>/`` (written atomically; finished runs are skipped
-unless ``--force``). The report's "Learnability" section is rendered from those files alone.
+``results/reproduced/learnability/<case>/seed<k>/`` of the checkout in use (``zeromismatch.checkout``;
+written atomically; finished runs are skipped unless ``--force``). The report's "Learnability" section
+is rendered from those files alone.
 
     python scripts/learnability.py [--cases tools_lag64,desktop] [--seeds 0 1 2] [--force] [--quiet]
 """
@@ -26,8 +27,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..checkout import checkout_root
 from ..rl.config import RLConfig
-from .runner import ROOT, run_arm
+from .runner import run_arm
 from .spec import Arm
 
 SEEDS = (0, 1, 2)
@@ -88,6 +90,10 @@ def cases() -> list[Arm]:
         Arm("tools", _tools(lag=0), "multi-turn calculator tool use; sync"),
         Arm("tools_lag8", _tools(lag=8), "tool use, async at policy lag 8"),
         Arm("tools_lag64", _tools(lag=64), "tool use, async at policy lag 64"),
+        # the learner on fp32 master weights, the engine on per-channel FP8 weights re-quantized at every
+        # weight update (`zm train --rollout-quant fp8`): RL must still learn across the format gap
+        Arm("tools_rollout_fp8", _tools(lag=0, rollout_quant="fp8"),
+            "tool use, sync; rollout on FP8 weights, learner on fp32 masters"),
         Arm("code_repair", _code_repair(lag=0), "fix one line of a small function; sync"),
         Arm("desktop", _desktop(lag=0), "screens and actions (OSWorld stand-in); sync"),
     ]
@@ -118,7 +124,10 @@ def run_suite(
     """Run every (case, seed) not already finished; returns the summaries of the runs made now."""
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
-    root = Path(out_root) if out_root else ROOT / "results" / "reproduced" / SUITE_DIR
+    if out_root:
+        root = Path(out_root)
+    else:
+        root = checkout_root("--out-root DIR") / "results" / "reproduced" / SUITE_DIR
     made: dict[str, dict[int, dict]] = {}
     for case in chosen:
         for seed in seeds:

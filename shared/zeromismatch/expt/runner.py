@@ -1,11 +1,14 @@
 """Run an experiment's arms at a scale, or write its full-scale Slurm scripts.
 
 Each arm trains into a hidden temp directory next to its final place and is renamed
-into ``results/reproduced/<experiment>/<scale>/<arm>/`` only when it finished, so
-``results/`` never holds half a run. An arm whose ``summary.json`` exists is skipped
-unless ``--force``; a re-run replaces it whole. ``--scale full`` (``--cluster slurm`` only) writes
-each arm's resolved config and sbatch script to ``<out-root>/full/<experiment>/`` (default
-``runs/full/<experiment>/``) and submits them unless ``--dry-run``.
+into ``<out-root>/<experiment>/<scale>/<arm>/`` only when it finished, so no run directory ever
+holds half a run. The default out-root is in the checkout holding the experiment's ``configs.py``
+(``zeromismatch.checkout``; the cwd's checkout when the configs are in none): ``results/reproduced``
+at mini scale, ``runs/smoke`` at smoke scale (smoke runs check plumbing; they never go under
+``results/``, which the audit judges and ``make reproduce`` verifies). An arm whose ``summary.json``
+exists is skipped unless ``--force``; a re-run replaces it whole. ``--scale full`` (``--cluster slurm``
+only) writes each arm's resolved config and sbatch script to ``<out-root>/full/<experiment>/``
+(default ``runs/full/<experiment>/``) and submits them unless ``--dry-run``.
 
 ``--cluster local|debug|slurm`` at smoke/mini scale hands each arm to submitit with ``--profile``
 (default ``local-cpu``); submitit's pickles and logs go to ``<out-root>/.submitit/<experiment>/``,
@@ -22,28 +25,41 @@ import sys
 import time
 from pathlib import Path
 
+from ..checkout import checkout_in_use, checkout_root, find_checkout, inside_results
 from ..io import atomic_write_json, check_directory_path
-from ..rl.config import DTYPES, QUANTS
+from ..manifest import write_manifest
+from ..rl.stacks import DTYPES, QUANTS
 from .spec import SCALES, Arm, Experiment, FullScale
 
-ROOT = Path(__file__).resolve().parents[3]
 CLUSTERS = ("inline", "local", "debug", "slurm")
 MINI_PROFILE, FULL_PROFILE = "local-cpu", "h200-node"  # the cluster profiles used unless --profile
 SUBMITIT_DIR = ".submitit"  # hidden: the audit skips dot-directories under results/
 
 
 def run_arm(arm: Arm, final_dir: str, quiet: bool = True) -> dict:
-    """Train one arm into ``final_dir`` atomically; returns its summary."""
+    """Train one arm into ``final_dir`` atomically; returns its summary.
+
+    A rerun replaces the old result by renames only: old -> ``.<name>.old``, new -> ``final_dir``, then
+    the old copy is deleted. A crash between the renames leaves the old result aside, which the next
+    call puts back first, so ``final_dir`` is never missing a finished result for longer than that."""
     from ..rl import train
 
     final = Path(final_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.partial"
+    aside = final.parent / f".{final.name}.old"
+    if aside.exists():
+        if final.exists():
+            shutil.rmtree(aside)  # the crash came after the new result was in place: the old one is done
+        else:
+            os.replace(aside, final)  # the crash came between the renames: the old result is the result
     shutil.rmtree(tmp, ignore_errors=True)
     summary = train(arm.config, tmp, quiet=quiet)
+    write_manifest(tmp)  # sealed before it is renamed into place, whichever executor wrote it
     if final.exists():
-        shutil.rmtree(final)
+        os.replace(final, aside)
     os.replace(tmp, final)
+    shutil.rmtree(aside, ignore_errors=True)
     return summary
 
 
@@ -55,17 +71,21 @@ def run_arm(arm: Arm, final_dir: str, quiet: bool = True) -> dict:
 # max_new_tokens=4.
 ARM_CHOICE_FIELDS = (
     "algo", "algo_options", "kernels", "rollout_kernels", "lag", "logprobs_mode", "update_mode",
-    "enable_prefix_caching", "prefix_cache_versioned", "lm_head_precision", "quant", "temperature", "top_k",
-    "top_p", "grad_clip", "audit_rollout_version", "seed",
+    "enable_prefix_caching", "prefix_cache_versioned", "rollout_lm_head", "quant", "rollout_dtype",
+    "rollout_quant", "kv_cache_dtype", "temperature", "top_k", "top_p", "grad_clip", "audit_rollout_version",
+    "seed",
 )  # fmt: skip
 PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor")  # set from FullScale below
 
 
 def _precision_fields(experiment: Experiment, full: FullScale, mini: dict) -> dict[str, str]:
-    """``dtype`` and ``quant`` from ``FullScale.precision``: a weight format ("fp8", "nvfp4") is a
-    quantization on top of the arm's dtype, a dtype name replaces the dtype, anything else is an error."""
+    """``dtype`` and ``quant`` from ``FullScale.precision``: a weight format ("fp8", "nvfp4", ...) is a
+    quantization on top of the arm's dtype, a dtype name replaces the dtype, anything else is an error.
+    An arm whose mini config already names a weight format on either side (a fast arm's rollout_quant,
+    an aligned arm's quant) keeps its own: the published format must not land on a fast arm's learner."""
     precision = full.precision
-    if precision is None:
+    has_format = mini["quant"] != "none" or (mini.get("rollout_quant") or "none") != "none"
+    if precision is None or (precision in QUANTS and has_format):
         return {"dtype": mini["dtype"], "quant": mini["quant"]}
     if precision in QUANTS:
         return {"dtype": mini["dtype"], "quant": precision}
@@ -171,6 +191,29 @@ def run_full_arm(experiment_name: str, resolved: dict):
     return entry(experiment_name, resolved)
 
 
+def experiment_source(experiment: Experiment) -> Path | None:
+    """The directory of the file defining the experiment's arms (its ``configs.py``), or None."""
+    for make_arms in experiment.arms.values():
+        code = getattr(make_arms, "__code__", None)  # a function or lambda; a partial has none
+        if code is not None and Path(code.co_filename).is_file():
+            return Path(code.co_filename).resolve().parent
+    return None
+
+
+def experiment_checkout(experiment: Experiment) -> Path | None:
+    """The checkout whose configs define the experiment: where its default outputs and profiles live."""
+    source = experiment_source(experiment)
+    return find_checkout(source) if source is not None else None
+
+
+def default_out_root(experiment: Experiment, scale: str) -> Path:
+    """``runs/`` (full), ``runs/smoke`` (smoke) or ``results/reproduced`` (mini) of the experiment's
+    checkout (:func:`experiment_checkout`, else the cwd's); NoCheckoutError when there is none."""
+    root = experiment_checkout(experiment) or checkout_root("--out-root DIR")
+    defaults = {"full": root / "runs", "smoke": root / "runs" / "smoke"}
+    return defaults.get(scale, root / "results" / "reproduced")
+
+
 def run_experiment(
     experiment: Experiment,
     scale: str,
@@ -183,7 +226,23 @@ def run_experiment(
     profile: str | None = None,
 ) -> dict[str, dict]:
     """``profile``: the cluster profile submitit jobs ask for (default ``local-cpu``, ``h200-node`` at
-    full scale); checked against the profiles directory before anything runs."""
+    full scale); checked against the profiles directory (of the experiment's checkout) before anything
+    runs. ``out_root`` defaults to :func:`default_out_root`."""
+    with checkout_in_use(experiment_checkout(experiment)):
+        return _run_experiment(experiment, scale, arms, cluster, dry_run, force, quiet, out_root, profile)
+
+
+def _run_experiment(
+    experiment: Experiment,
+    scale: str,
+    arms: list[str] | None,
+    cluster: str,
+    dry_run: bool,
+    force: bool,
+    quiet: bool,
+    out_root: str | os.PathLike | None,
+    profile: str | None,
+) -> dict[str, dict]:
     if scale not in SCALES:
         raise ValueError(f"--scale must be one of {SCALES}, got {scale!r}")
     if cluster not in CLUSTERS:
@@ -193,9 +252,11 @@ def run_experiment(
     if scale == "full":
         if cluster != "slurm":
             raise ValueError(f"--scale full runs on Slurm only: pass --cluster slurm (got {cluster!r})")
-        out = Path(out_root) if out_root else ROOT / "runs"
+        out = Path(out_root) if out_root else default_out_root(experiment, scale)
         return _full(experiment, arms, dry_run, out, profile or FULL_PROFILE)
-    out_root = Path(out_root) if out_root else ROOT / "results" / "reproduced"
+    out_root = Path(out_root) if out_root else default_out_root(experiment, scale)
+    if scale == "smoke" and inside_results(out_root):
+        raise ValueError(f"--out-root {out_root} is inside a checkout's results/: smoke runs never go there")
     check_directory_path(out_root, "--out-root")
     chosen = experiment.arms_for(scale)
     if arms:
@@ -289,10 +350,26 @@ def _full(
     return out
 
 
+def _warn_other_package(experiment: Experiment, source: Path | None) -> None:
+    """An editable install from another clone runs that clone's package code on these configs: say so
+    (provenance records both as well), since the two checkouts' commits need not match."""
+    package_top = find_checkout(Path(__file__))
+    configs_top = find_checkout(source) if source is not None else None
+    if package_top is not None and configs_top is not None and package_top != configs_top:
+        print(
+            f"{experiment.name}: note: configs from {configs_top}, zeromismatch package imported from "
+            f"{package_top}",
+            file=sys.stderr,
+        )
+
+
 def launch_main(experiment: Experiment, argv: list[str] | None = None) -> int:
     from .._provenance import freeze_git_state
 
-    freeze_git_state()  # the arms record the code this launch started with, not later checkouts
+    # the arms record the checkout whose configs this launch runs, as it was when the launch started
+    source = experiment_source(experiment)
+    freeze_git_state(source)
+    _warn_other_package(experiment, source)
     parser = argparse.ArgumentParser(description=f"{experiment.name}: {experiment.claim}")
     parser.add_argument("--scale", default="mini", choices=SCALES)
     parser.add_argument("--arms", default=None, help="comma-separated arm names (default: all)")
@@ -301,7 +378,8 @@ def launch_main(experiment: Experiment, argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="write scripts/configs, run nothing")
     parser.add_argument("--force", action="store_true", help="rerun arms that already have results")
     parser.add_argument("--out-root", default=None,
-                        help="default: results/reproduced (runs/ for --scale full)")  # fmt: skip
+                        help="default, in this launcher's checkout: results/reproduced "
+                             "(runs/smoke for --scale smoke, runs/ for --scale full)")  # fmt: skip
     parser.add_argument("--profile", default=None,
                         help=f"cluster profile for submitit jobs (default: {MINI_PROFILE}; "
                              f"{FULL_PROFILE} for --scale full)")  # fmt: skip

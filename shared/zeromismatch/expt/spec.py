@@ -96,11 +96,13 @@ def add_to_summary(run_dir: Path, values: dict, inputs: tuple[Path, ...] = ()) -
     A postprocess may run at a later commit than the run it writes into, and may read other runs:
     ``summary["derived_provenance"][key]`` records the commit that computed each value and the
     commit of every input run (``inputs``: run directories), so the audit can tell whether the
-    numbers it compares come from one commit."""
+    numbers it compares come from one commit. The run's manifest.json is then rewritten to cover
+    the new summary."""
     import json
 
     from .._provenance import git_commit
     from ..io import atomic_write_json
+    from ..manifest import write_manifest
 
     def commit_of(directory: Path) -> str | None:
         provenance = directory / "provenance.json"
@@ -113,3 +115,4 @@ def add_to_summary(run_dir: Path, values: dict, inputs: tuple[Path, ...] = ()) -
     derived = summary.setdefault("derived_provenance", {})
     derived.update(dict.fromkeys(values, record))
     atomic_write_json(path, summary)
+    write_manifest(run_dir)

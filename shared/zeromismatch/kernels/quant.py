@@ -1,21 +1,36 @@
-"""FP8 (e4m3) and NVFP4 weight quantization shared by both kernel sets.
+"""FP8 (e4m3) and NVFP4 weight quantization shared by both kernel sets, and the FP8 KV cache's
+rounding (``fp8_kv_roundtrip``, the engine's ``kv_cache_dtype="fp8_e4m3"``).
 
-FP8 e4m3 (``torch.float8_e4m3fn``, max 448):
-    per-channel: ``scale[n] = amax(|w[n, :]|) / 448``; block (bo, bi): one scale per
-    ``bo x bi`` tile, ``scales [ceil(N/bo), ceil(K/bi)]``. ``data = fp8(w / scale)``
-    (round-to-nearest-even by torch's cast, saturated to +-448 first).
-NVFP4 (the OCP/NVIDIA layout): e2m1 codes (values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and
-    their negatives; bit 3 = sign, bits 0-2 = index into that list), two per byte with
-    the even element in the low nibble; one ``float8_e4m3fn`` scale per 16 consecutive
-    input-dim elements; one fp32 ``global_scale`` per tensor. Here ``global_scale`` is the
-    *dequantization* multiplier: ``w ~= e2m1 * float(block_scale) * global_scale`` with
-    ``global_scale = amax(|w|) / (448 * 6)`` so block scales use e4m3's full range.
-    Magnitudes are rounded to the nearest e2m1 value; a tie goes to the *smaller* one
-    (``torch.bucketize`` on the midpoints), unlike hardware ``cvt.rn`` e2m1, which rounds
-    to nearest even: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 -> here 0, 0.5, 1, 1.5, 2, 3, 4,
-    round-to-nearest-even 0, 1, 1, 2, 2, 4, 4. Kept because changing it would change the
-    bits of committed quantized runs (docs/parity.md, precision notes).
-    Non-finite weights raise ValueError (one inf would poison a row's or the global scale).
+The rules are vLLM's (function names below, in vllm-project/vllm); the arithmetic is correctly
+rounded fp32 where vLLM's CUDA kernels use approximate reciprocals (``rcp.approx.ftz``), so a value
+within an ulp of a rounding boundary can land on the other side than on a GPU. Every conversion to
+e4m3 or e2m1 is round-to-nearest, ties to even, saturating (PTX ``cvt.rn.satfinite``): e4m3 by
+``to_e4m3`` (torch's cast after a clamp to +-448), e2m1 by ``_round_to_e2m1_codes``.
+
+FP8 e4m3 (``torch.float8_e4m3fn``, max 448); ``scales`` are dequantization multipliers, as vLLM
+stores them (``w ~= float(data) * scale``):
+    per channel (``block=None``): ``scale[n] = max(amax|w[n, :]| / 448, 1 / (448 * 512))``,
+    ``data = e4m3(w / scale)`` -- ``scaled_fp8_quant(w, use_per_token_if_dynamic=True)``
+    (``dynamic_per_token_scaled_fp8_quant``), which vLLM's tests use to make per-channel weights;
+    the floor (``min_scaling_factor``) only acts on rows with amax < 1/512.
+    block (bo, bi): ``scales [ceil(N/bo), ceil(K/bi)]``, ``scale = max(amax(tile), 1e-4) / 448``,
+    ``data = e4m3(w * (1 / scale))`` -- ``per_block_cast_to_fp8`` (vllm/utils/deep_gemm.py, from
+    DeepGEMM: DeepSeek-V3's 128x128 weight blocks); ragged edge tiles take the amax of what they hold.
+NVFP4 (the OCP/NVIDIA layout): e2m1 codes (values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+    negatives; bit 3 = sign, bits 0-2 = index into that list), two per byte with the even element
+    in the low nibble; one ``float8_e4m3fn`` scale per 16 consecutive input-dim elements; one fp32
+    ``global_scale`` per tensor. vLLM (``get_nvfp4_global_scale``, ``scaled_fp4_quant`` /
+    ``cvt_warp_fp16_to_fp4``, reference ``ref_nvfp4_quant``) takes the *quantization* multiplier
+    ``g = 448 * 6 / amax|w|``; here ``global_scale`` is its reciprocal, the *dequantization*
+    multiplier ``s = amax|w| / (448 * 6)`` (the convention of ModelOpt checkpoints'
+    ``weight_scale_2``), so ``w ~= e2m1 * float(block_scale) * global_scale``. With it:
+    ``block_scale = e4m3(min((amax(block) / 6) / s, 448))`` (vLLM: ``g * (amax / 6)``), the
+    elements ``e2m1(x * (1 / (float(block_scale) * s)))``, and a block whose scale rounds to zero
+    gets +-0 codes (vLLM: output scale 0). An all-zero tensor gets ``s = 1`` (vLLM's
+    ``g`` would be infinite). e2m1 ties go to the even code: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5
+    -> 0, 1, 1, 2, 2, 4, 4 (vLLM's ``cast_to_fp4``); the sign bit is kept, so small negatives
+    become -0.
+Non-finite weights raise ValueError (one inf would poison a row's, a tile's or the global scale).
 
 Dequantization is elementwise and deterministic, so engine and trainer running the same
 ``dequantize`` on the same ``QuantizedWeight`` get the same bits. Activation quantization
@@ -34,8 +49,18 @@ from .base import QuantizedWeight
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
 NVFP4_BLOCK = 16
+#: vLLM's per-token/per-channel scale floor (``min_scaling_factor``): ``1 / (448 * 512)``
+FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+#: ``per_block_cast_to_fp8``'s floor on a tile's amax (an all-zero tile still gets a finite scale)
+FP8_BLOCK_MIN_AMAX = 1e-4
 _E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _TINY = 1e-12
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``x`` -> ``float8_e4m3fn``, nearest value, ties to even, saturated to +-448. The clamp
+    makes the cast saturating (cvt.rn.satfinite) whatever torch build: some overflow to NaN."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
 def _e2m1_table(device: torch.device) -> torch.Tensor:
@@ -59,14 +84,15 @@ def _check_finite(w: torch.Tensor) -> None:
 
 
 def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] | None = None) -> QuantizedWeight:
-    """FP8 e4m3 weight with per-output-channel scales (block=None) or block scales."""
+    """FP8 e4m3 weight with per-output-channel scales (block=None) or block scales (module
+    docstring: vLLM's ``scaled_fp8_quant`` per token, resp. ``per_block_cast_to_fp8``)."""
     _check_weight(weight)
     w = weight.detach().float()
     _check_finite(w)
     n, k = w.shape
     if block is None:
-        scales = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(_TINY)
-        expanded = scales
+        scales = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(FP8_MIN_SCALE)
+        scaled = w / scales  # the per-token kernel divides
     else:
         bo, bi = block
         if bo <= 0 or bi <= 0:
@@ -75,9 +101,9 @@ def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] | None = None) -> 
         padded = w.new_zeros(nb_o * bo, nb_i * bi)
         padded[:n, :k] = w.abs()
         amax = padded.view(nb_o, bo, nb_i, bi).amax(dim=(1, 3))
-        scales = (amax / FP8_MAX).clamp_min(_TINY)
-        expanded = _expand_block_scales(scales, (bo, bi), (n, k))
-    data = (w / expanded).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        scales = amax.clamp_min(FP8_BLOCK_MIN_AMAX) / FP8_MAX
+        scaled = w * _expand_block_scales(1.0 / scales, (bo, bi), (n, k))  # the block cast multiplies
+    data = to_e4m3(scaled)
     return QuantizedWeight("fp8", data, scales, (n, k), block=block)
 
 
@@ -103,22 +129,31 @@ def _quantize_nvfp4(w: torch.Tensor) -> QuantizedWeight:
     n, k = w.shape
     if k % NVFP4_BLOCK != 0:
         raise ValueError(f"nvfp4 needs the input dim to be a multiple of {NVFP4_BLOCK}, got {k}")
-    global_scale = (w.abs().amax() / (FP8_MAX * E2M1_MAX)).clamp_min(_TINY).reshape(())
+    # the dequantization multiplier (module docstring); an all-zero tensor has no amax to scale by
+    global_scale = w.abs().amax() / (FP8_MAX * E2M1_MAX)
+    global_scale = torch.where(global_scale > 0, global_scale, torch.ones_like(global_scale)).reshape(())
     blocks = w.view(n, k // NVFP4_BLOCK, NVFP4_BLOCK)
     block_amax = blocks.abs().amax(dim=-1)
-    block_scales = (block_amax / (E2M1_MAX * global_scale)).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
+    block_scales = to_e4m3((block_amax / E2M1_MAX) / global_scale)
     denom = block_scales.float() * global_scale
-    scaled = blocks / torch.where(denom > 0, denom, torch.ones_like(denom)).unsqueeze(-1)
-    codes = _round_to_e2m1_codes(scaled.reshape(n, k))
+    # vLLM's output scale: the reciprocal of the block's dequantization multiplier, 0 for a zero scale
+    inverse = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
+    codes = _round_to_e2m1_codes((blocks * inverse.unsqueeze(-1)).reshape(n, k))
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     return QuantizedWeight("nvfp4", packed, block_scales, (n, k), global_scale=global_scale)
 
 
 def _round_to_e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes of fp32 ``x`` as ``cvt.rn.satfinite.e2m1x2.f32`` converts: the nearest e2m1
+    magnitude, a tie (an exact midpoint) to the even code, magnitudes past 6 saturated to 6, the
+    sign bit kept (a negative that rounds to zero is -0, code 8)."""
     mags = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=x.device)
-    midpoints = (mags[1:] + mags[:-1]) / 2
-    index = torch.bucketize(x.abs().clamp(max=E2M1_MAX), midpoints)  # a midpoint goes to the lower value
-    sign = (x < 0).to(torch.int64) << 3
+    midpoints = (mags[1:] + mags[:-1]) / 2  # 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5: exact in fp32
+    magnitude = x.abs().clamp(max=E2M1_MAX)
+    lower = torch.bucketize(magnitude, midpoints)  # a midpoint counts to the lower neighbour ...
+    upper = torch.bucketize(magnitude, midpoints, right=True)  # ... or to the upper; else they agree
+    index = torch.where(lower % 2 == 0, lower, upper)  # on a tie one of the two codes is even
+    sign = torch.signbit(x).to(torch.int64) << 3
     return (index | sign).to(torch.uint8)
 
 
@@ -183,7 +218,8 @@ def fp8_tensor_scale(x: torch.Tensor) -> torch.Tensor:
 def quantize_activations_fp8_per_tensor(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 codes of ``x2d`` and the batch-wide scale (W8A8 'static/dynamic per-tensor')."""
     scale = fp8_tensor_scale(x2d)
-    codes = (x2d.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    # vLLM's per-tensor kernels multiply by the inverted scale (scaled_fp8_conversion<true>)
+    codes = to_e4m3(x2d.float() * (1.0 / scale))
     return codes, scale
 
 
@@ -193,16 +229,68 @@ def fake_quantize_activations_nvfp4(x2d: torch.Tensor) -> torch.Tensor:
     return dequantize(_quantize_nvfp4(x2d.detach().float()), x2d.dtype)
 
 
+# ---- FP8 KV cache (the engine's kv_cache_dtype) -------------------------------------
+#: the engine's ``kv_cache_dtype`` values, as vLLM spells them
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+#: the activation dtypes an FP8 KV cache serves: vLLM's FP8-KV attention backends take fp16/bf16
+#: queries (FlashAttention's ``supported_dtypes``), and every e4m3 value times a unit scale is exact
+#: in both, which the emulated cache relies on
+FP8_KV_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_kv_cache_dtype(kv_cache_dtype, model_dtype: torch.dtype | None = None) -> None:
+    """One ValueError for a ``kv_cache_dtype`` the engine cannot serve: a value outside
+    ``KV_CACHE_DTYPES``, or ``"fp8_e4m3"`` for a model whose activation dtype (``model_dtype``,
+    when given) is not bfloat16 or float16."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+    fp8 = kv_cache_dtype == "fp8_e4m3"
+    if fp8 and model_dtype is not None and model_dtype not in FP8_KV_ACTIVATION_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype='fp8_e4m3' needs a bfloat16 or float16 model, got {model_dtype}: vLLM's FP8 "
+            "KV cache attention backends take fp16/bf16 queries"
+        )
+
+
+def fp8_kv_roundtrip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """What an attention kernel reads back, in ``x``'s dtype, from an FP8 (e4m3) KV cache ``x``
+    was written to with ``scale``.
+
+    The write is vLLM's ``reshape_and_cache`` / ``reshape_and_cache_flash`` with
+    ``kv_cache_dtype="fp8_e4m3"`` (``fp8::scaled_convert``, nvidia ``scaled_vec_conversion``): the
+    value in fp32 divided by the scale, saturated to +-448 and rounded to the nearest e4m3 value,
+    ties to even (``__nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...)``; torch's cast overflows to NaN
+    past 448, hence the clamp first). The read is the kernel's dequantization: the e4m3 value in
+    fp32 times the scale, rounded to the activation dtype. With the engine's unit scale the division
+    and the multiplication are exact on any path (a GPU's approximate reciprocal included).
+    Elementwise, so a token's K/V get the same bits in any batch.
+
+    The engine's cache is *emulated*: its tensors stay in the activation dtype and hold these
+    dequantized values, which are bit for bit what a real e4m3 cache dequantizes to (with the unit
+    scale every e4m3 value is exact in bf16 and fp16). The memory an FP8 cache saves is not
+    modelled. Only K and V are rounded: FlashAttention 3's FP8 path in vLLM also quantizes the
+    queries, which this does not model (the backends that dequantize K/V in the kernel do not)."""
+    y = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (y.float() * scale).to(x.dtype)
+
+
 __all__ = [
+    "FP8_BLOCK_MIN_AMAX",
+    "FP8_KV_ACTIVATION_DTYPES",
     "FP8_MAX",
+    "FP8_MIN_SCALE",
+    "KV_CACHE_DTYPES",
     "NVFP4_BLOCK",
     "QuantizedWeight",
     "cached_dequantize",
+    "check_kv_cache_dtype",
     "dequantize",
     "fake_quantize_activations_nvfp4",
+    "fp8_kv_roundtrip",
     "fp8_tensor_scale",
     "quantize_activations_fp8_per_tensor",
     "quantize_fp8",
     "quantize_nvfp4",
+    "to_e4m3",
     "unpack_nvfp4_codes",
 ]

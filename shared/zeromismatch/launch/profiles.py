@@ -1,7 +1,8 @@
 """Named cluster profiles: what a Slurm job asks for (partition, account, nodes, GPUs, CPUs, memory, time).
 
 A profile is a JSON file ``<name>.json`` in the profiles directory, ``cluster/profiles/`` of the
-checkout unless ``ZM_CLUSTER_PROFILES`` names another directory. Code never holds site paths or
+checkout in use (``zeromismatch.checkout``: the launcher's, else the cwd's; never the installed
+package's) unless ``ZM_CLUSTER_PROFILES`` names another directory. Code never holds site paths or
 site names: the values a site decides (partition, account) may be written as placeholders
 ``${VAR}`` or ``${VAR:-default}`` that :meth:`ClusterProfile.resolved` fills from the environment.
 
@@ -169,11 +170,13 @@ def profile_from_dict(data: Mapping[str, object], source: str = "<dict>") -> Clu
 
 
 def profiles_dir() -> Path:
-    """``$ZM_CLUSTER_PROFILES`` if set, else ``cluster/profiles`` of the checkout this package lives in."""
+    """``$ZM_CLUSTER_PROFILES`` if set, else ``cluster/profiles`` of the checkout in use
+    (NoCheckoutError, a ValueError, outside any checkout)."""
     if os.environ.get(PROFILES_ENV):
         return Path(os.environ[PROFILES_ENV])
-    # shared/zeromismatch/launch/profiles.py -> the checkout root is three directories up.
-    return Path(__file__).resolve().parents[3] / "cluster" / "profiles"
+    from ..checkout import checkout_root
+
+    return checkout_root(f"${PROFILES_ENV}=DIR") / "cluster" / "profiles"
 
 
 def list_profiles(directory: str | os.PathLike | None = None) -> list[str]:

@@ -7,7 +7,8 @@ state), both described by ``ForwardBatch``. Configs and weights use Hugging Face
 (config.json + safetensors), so real checkpoints of these architectures load unchanged.
 
 Public API: ``ModelConfig``, ``build_model``, ``load_pretrained``, ``save_pretrained``,
-``PRESETS``, ``quantize_model``, ``CausalLM``, ``ForwardBatch``, ``ModelCache``.
+``PRESETS``, ``QUANT_FORMATS``, ``quantize_model``, ``fake_quantize_model``, ``CausalLM``,
+``ForwardBatch``, ``ModelCache``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .hybrid import NemotronHForCausalLM
 from .loader import load_pretrained, save_pretrained
 from .moe import Qwen3MoeForCausalLM
 from .presets import PRESETS, TINY_PRESETS, preset_dict
-from .quantized import quantize_model
+from .quantized import QUANT_FORMATS, fake_quantize_model, quantize_model
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "qwen3": Qwen3ForCausalLM,
@@ -70,12 +71,14 @@ def build_model(
 
 __all__ = [
     "PRESETS",
+    "QUANT_FORMATS",
     "TINY_PRESETS",
     "CausalLM",
     "ForwardBatch",
     "ModelCache",
     "ModelConfig",
     "build_model",
+    "fake_quantize_model",
     "load_pretrained",
     "quantize_model",
     "resolve_config",

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels.quant import check_kv_cache_dtype
+
 
 @dataclass
 class ForwardBatch:
@@ -59,7 +61,15 @@ class ForwardBatch:
 @dataclass
 class ModelCache:
     """Per-layer engine state. Attention layers own paged K/V; Mamba layers own
-    conv and SSM state per slot. Entries for layers of the other kind are None."""
+    conv and SSM state per slot. Entries for layers of the other kind are None.
+
+    ``kv_cache_dtype="fp8_e4m3"`` (vLLM's name): every K/V written to the paged cache is first
+    rounded through e4m3 with its layer's ``k_scale`` / ``v_scale`` (``kernels/quant.py::
+    fp8_kv_roundtrip``); the tensors stay in the activation dtype and hold the dequantized values
+    (an emulation: no memory is saved). Conv/SSM state is never rounded (vLLM's kv_cache_dtype
+    does not cover Mamba state). The scales are fp32 scalar tensors, one per attention layer (None
+    elsewhere, and everywhere with ``"auto"``); ``CausalLM.allocate_cache`` sets them all to 1.0
+    and nothing changes them (the rule is explained there)."""
 
     block_size: int
     num_blocks: int
@@ -67,3 +77,14 @@ class ModelCache:
     v_cache: list[torch.Tensor | None] = field(default_factory=list)  # [num_blocks, block_size, Hkv, Dv]
     conv_state: list[torch.Tensor | None] = field(default_factory=list)  # [max_seqs, C, W-1]
     ssm_state: list[torch.Tensor | None] = field(default_factory=list)  # [max_seqs, Hs, P, N]
+    kv_cache_dtype: str = "auto"  # "auto" (the activation dtype) or "fp8_e4m3"
+    k_scale: list[torch.Tensor | None] = field(default_factory=list)  # [] fp32, fp8_e4m3 only
+    v_scale: list[torch.Tensor | None] = field(default_factory=list)  # [] fp32, fp8_e4m3 only
+
+    def __post_init__(self):
+        check_kv_cache_dtype(self.kv_cache_dtype)
+
+    @property
+    def fp8(self) -> bool:
+        """Whether K/V are rounded through e4m3 before they are cached."""
+        return self.kv_cache_dtype == "fp8_e4m3"

@@ -28,6 +28,7 @@ from torch import nn
 from ..kernels import get_kernels
 from ..kernels.base import KernelSet
 from ..kernels.host_reads import host_reads_for_checks
+from ..kernels.quant import check_kv_cache_dtype
 from .batch import ForwardBatch, ModelCache
 from .config import ModelConfig
 from .layers import VIRTUAL_SHARDS, ForwardContext, Linear, LMHead
@@ -200,16 +201,32 @@ class CausalLM(nn.Module):
 
     # ---- engine cache -----------------------------------------------------------
     def allocate_cache(
-        self, num_blocks: int, block_size: int, max_seqs: int, dtype: torch.dtype | None = None
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_seqs: int,
+        dtype: torch.dtype | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> ModelCache:
         """Zeroed paged K/V for attention layers and conv/SSM state slots for Mamba2 layers.
-        SSM state is always fp32 (``mamba_ssm_cache_dtype``); everything else is ``dtype``."""
+        SSM state is always fp32 (``mamba_ssm_cache_dtype``); everything else is ``dtype``.
+
+        ``kv_cache_dtype="fp8_e4m3"`` (bf16/fp16 models only) rounds every cached K/V through e4m3
+        (``ModelCache``). Scales follow vLLM's default for a checkpoint without calibrated KV
+        scales: ``k_scale = v_scale = 1.0`` for every attention layer, constant for the engine's
+        life, so a weight update cannot leave them stale. vLLM's ``calculate_kv_scales`` (scales
+        computed once from the first batch's amax and never again, stale after a refit: a known
+        production bug in RL) is not modelled: it makes the scales depend on which batch came
+        first, and the unit rule is what a stock vLLM deployment without that flag runs. On DeepSeek
+        MLA the rounded values are the decompressed per-head K/V this cache holds, not vLLM's latent
+        ``[c_kv, k_rope]`` (models/mla.py), so the rounding point differs from vLLM's there."""
         for what, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_seqs", max_seqs)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"allocate_cache: {what} must be a positive int, got {value!r}")
+        check_kv_cache_dtype(kv_cache_dtype, self.dtype)
         dtype = dtype or self.dtype
         device = self.embedding.weight.device
-        cache = ModelCache(block_size=block_size, num_blocks=num_blocks)
+        cache = ModelCache(block_size=block_size, num_blocks=num_blocks, kv_cache_dtype=kv_cache_dtype)
         for layer in self.decoder_layers:
             kv, state = layer.kv_cache_spec(), layer.state_cache_spec()
             if kv is not None:
@@ -223,6 +240,9 @@ class CausalLM(nn.Module):
             else:
                 cache.k_cache.append(None)
                 cache.v_cache.append(None)
+            fp8_layer = cache.fp8 and kv is not None
+            for scales in (cache.k_scale, cache.v_scale):
+                scales.append(torch.ones((), dtype=torch.float32, device=device) if fp8_layer else None)
             if state is not None:
                 conv_shape, ssm_shape = state
                 cache.conv_state.append(torch.zeros(max_seqs, *conv_shape, dtype=dtype, device=device))
@@ -300,10 +320,12 @@ class CausalLM(nn.Module):
                 if entry.tp_dim is not None:
                     src = self.tp.shard(src, entry.tp_dim, entry.name)
                 module = entry.module
+                # a quantized layer quantizes the weight as this model holds it: cast to the model's dtype
+                # first, as an engine loading bf16 weights into an FP8/NVFP4 model does
                 if entry.expert is not None and module.quantized is not None:
-                    module.quantized[entry.attr][entry.expert] = module.requantize(src)
+                    module.quantized[entry.attr][entry.expert] = module.requantize(src.to(self.dtype))
                 elif isinstance(module, Linear) and module.qweight is not None and entry.attr == "weight":
-                    module.qweight = module.requantize(src)
+                    module.qweight = module.requantize(src.to(self.dtype))
                 elif entry.expert is not None:
                     getattr(module, entry.attr)[entry.expert].copy_(src)
                 else:

@@ -5,13 +5,15 @@ carries the kernel set, the batch, the optional engine cache and the layer index
 reshapes, slices, concatenates and indexes (embedding lookup, cache writes); matmuls, norms,
 activations, softmax/attention, routing, conv and scan are kernel calls. The only arithmetic
 left in model code is elementwise and row-local -- residual additions, the routed + shared
-expert sum, Mamba2's ``A = -exp(A_log)`` -- so it gives the same bits for a token in any batch
+expert sum, Mamba2's ``A = -exp(A_log)``, an FP8 KV cache's e4m3 rounding (``kernels/quant.py``:
+a cache format, one rule for every kernel set) -- so it gives the same bits for a token in any batch
 (tests/models/test_kernel_routing.py audits this with a TorchFunctionMode).
 
 Attention in trainer mode (``cache is None``) calls ``kernels.attention`` over the packed
 sequences; in engine mode it first writes this step's K/V into the paged cache at
 ``batch.slot_mapping`` and then calls ``kernels.paged_attention`` over ``block_table`` /
-``kv_lens``, so prefill, chunked prefill and decode are the same code path.
+``kv_lens``, so prefill, chunked prefill and decode are the same code path. With an FP8 KV cache
+(``ModelCache.fp8``) the K/V are rounded through e4m3 before the write (``attend``).
 
 Parameters keep Hugging Face names relative to their module (``q_proj.weight``,
 ``input_layernorm.weight``, ...), so the model's state dict *is* the HF state dict up to
@@ -38,6 +40,7 @@ from torch import nn
 
 from ..kernels.aligned.gemm import cached_from_weights
 from ..kernels.base import KernelSet, QuantizedWeight
+from ..kernels.quant import fp8_kv_roundtrip
 from .batch import ForwardBatch, ModelCache
 from .tp import TensorParallel
 
@@ -62,7 +65,11 @@ class Linear(nn.Module):
     """``y = x W^T (+ b)``; parallel is "replicated", "column" (split out) or "row" (split in).
 
     After ``quantize_model`` the dense ``weight`` is gone and ``qweight`` (a QuantizedWeight of
-    the full local shard) is used through ``kernels.quant_linear``."""
+    the full local shard) is used through ``kernels.quant_linear``. After ``fake_quantize_model``
+    the ``weight`` Parameter stays (the learner's master) and ``fake_quant`` (models/quantized.py
+    ``FakeQuantizer``) gives the weight the GEMM uses: ``kernels.linear(x, dequantize(quantize(W),
+    x.dtype), b)``, which is what ``quant_linear`` computes in the aligned sets, row-parallel
+    layers included (quantization needs TP 1)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, parallel: str, tp: TensorParallel):
         super().__init__()
@@ -83,10 +90,13 @@ class Linear(nn.Module):
         }
         self.qweight: QuantizedWeight | None = None
         self.quant_format: str | None = None
+        self.fake_quant = None  # a FakeQuantizer: (weight, dtype) -> the fake-quantized weight
 
     def forward(self, x: torch.Tensor, kernels: KernelSet) -> torch.Tensor:
         if self.qweight is not None:
             return kernels.quant_linear(x, self.qweight, self.bias)
+        if self.fake_quant is not None:
+            return kernels.linear(x, self.fake_quant(self.weight, x.dtype), self.bias)
         if self.parallel == "row":
             return kernels.row_parallel_linear(
                 x, self.weight, self.bias, self.tp.reduce_group, VIRTUAL_SHARDS
@@ -96,8 +106,9 @@ class Linear(nn.Module):
 
 def fused_linear(x: torch.Tensor, kernels: KernelSet, linears: tuple[Linear, ...]) -> torch.Tensor | None:
     """``cat([l(x) for l in linears], -1)`` as one GEMM, or None when they cannot be fused
-    (quantized weights, row-parallel layouts, mixed biases)."""
-    if any(lin.qweight is not None or lin.parallel == "row" for lin in linears):
+    (quantized or fake-quantized weights, row-parallel layouts, mixed biases). A fake-quantized
+    learner runs its projections one by one, as the quantized engine model it must match does."""
+    if any(lin.qweight is not None or lin.fake_quant is not None or lin.parallel == "row" for lin in linears):
         return None
     weights = tuple(lin.weight for lin in linears)
     biases = tuple(lin.bias for lin in linears)
@@ -166,12 +177,17 @@ def attend(
     batch = ctx.batch
     if ctx.cache is None:
         return ctx.kernels.attention(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_q, scale)
-    k_cache = ctx.cache.k_cache[ctx.layer_index]
-    v_cache = ctx.cache.v_cache[ctx.layer_index]
+    cache, layer = ctx.cache, ctx.layer_index
+    k_cache, v_cache = cache.k_cache[layer], cache.v_cache[layer]
     slots = batch.slot_mapping
     # the cache holds values, not a graph: engine mode never backpropagates through it
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.detach().to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.detach().to(v_cache.dtype))
+    k, v = k.detach(), v.detach()
+    if cache.fp8:
+        # this step's K/V as an FP8 cache returns them; the step's own queries attend to the rounded
+        # values too, as in vLLM's V1 backends, which read the new tokens back from the cache
+        k, v = fp8_kv_roundtrip(k, cache.k_scale[layer]), fp8_kv_roundtrip(v, cache.v_scale[layer])
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
     return ctx.kernels.paged_attention(
         q, k_cache, v_cache, batch.block_table, batch.cu_seqlens_q, batch.kv_lens, scale
     )

@@ -75,6 +75,8 @@ class Experts(nn.Module):
         # set by quantize_model: per projection, one QuantizedWeight per expert
         self.quantized: dict[str, list[QuantizedWeight]] | None = None
         self.dequantize = None
+        # set by fake_quantize_model: per projection, a FakeQuantizer of the stacked master weight
+        self.fake_quant: dict | None = None
 
     def projection_names(self) -> list[str]:
         return [
@@ -84,6 +86,14 @@ class Experts(nn.Module):
         ]
 
     def _weights(self) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        if self.fake_quant is not None:
+            # each expert as dequantize(quantize(w), fp32), stacked: the quantized branch's bits
+            fake, gate = self.fake_quant, self.gate_proj
+            return (
+                None if gate is None else fake["gate_proj"](gate, torch.float32),
+                fake["up_proj"](self.up_proj, torch.float32),
+                fake["down_proj"](self.down_proj, torch.float32),
+            )
         if self.quantized is None:
             return self.gate_proj, self.up_proj, self.down_proj
         # the MoE kernel contract takes dense weights: quantized experts run as

@@ -13,34 +13,59 @@ actor's prefix-cache counters. The Ray executor neither checkpoints nor logs to 
 (``RLConfig.validate`` rejects ``checkpoint_every`` > 0 and ``wandb`` with it), and it needs
 two CPUs in the Ray cluster, one per actor; both actors are killed however the run ends.
 
+A rollout actor that dies (its process killed, its node lost) is restarted by Ray and the batch it
+was generating is generated again (``max_restarts`` / ``max_task_retries``): a batch is a function of
+(weights v(b), batch index, seed) only and every ``generate`` call carries its weights, so the new
+actor's batch has the same bits and no batch is lost or trained twice. The summary counts the
+restarts (``rollout_actor_restarts``); its prefix-cache counters cover the last incarnation only. A
+run whose prefix cache ignores weight versions (``prefix_cache_versioned=False``, S2's stale-cache
+bug) is not restarted: its batches depend on what the lost cache held. The learner actor holds the
+optimizer state and is not restarted: its death ends the run (resume needs the in-process executor).
+
 Ray is started by ``zeromismatch.launch.ray_cluster.init_ray`` (auth token off, no dashboard;
 it joins a Slurm-started cluster when ``$ZM_RAY_ADDRESS`` is set).
 """
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from collections import deque
+from pathlib import Path
 
 import torch
 
 from .. import _provenance
 from ..io import atomic_write_json
+from ..manifest import write_manifest
 from .config import RLConfig
 from .learner import Learner, state_snapshot, weights_hash
-from .loop import RolloutWorker, Run, evaluate, run_sft, step_record, summarize
+from .loop import RolloutWorker, Run, eval_task_seeds, evaluate, run_sft, step_record, summarize
+
+#: tests: ``"<batch>:<marker file>"`` kills the rollout actor's process when it starts that batch, once
+#: (the marker file records that it happened), to show the restart path
+KILL_ROLLOUT_ENV = "ZM_KILL_ROLLOUT_ACTOR_AT_BATCH"
+ROLLOUT_RESTARTS = 3
 
 
 class _RolloutActor:
-    def __init__(self, config_dict: dict, threads: int):
+    def __init__(self, config_dict: dict, threads: int, kill_at: str | None = None):
         torch.set_num_threads(threads)
         self.worker = RolloutWorker(RLConfig.from_dict(config_dict))
+        self.incarnation = uuid.uuid4().hex  # a restarted actor is a new incarnation
+        self.kill_at = kill_at
 
     def generate(self, batch_index: int, version: int, weights: dict):
+        if self.kill_at is not None:
+            batch, marker = self.kill_at.split(":", 1)
+            if int(batch) == batch_index and not Path(marker).exists():
+                Path(marker).write_text(self.incarnation)
+                os._exit(1)  # a real process death, as a lost node or OOM kill would be
         t0 = time.perf_counter()
         self.worker.set_weights(weights, version)
         episodes = self.worker.generate(batch_index)
-        return episodes, time.perf_counter() - t0
+        return episodes, time.perf_counter() - t0, self.incarnation
 
     def cache_stats(self) -> dict[str, int]:
         return self.worker.cache_stats()
@@ -63,7 +88,7 @@ class _LearnerActor:
         # step ended is exactly the time this learner sat idle waiting for its batch
         t0 = time.perf_counter()
         idle = 0.0 if self.last_step_end is None else t0 - self.last_step_end
-        episodes, rollout_time = rollout_output
+        episodes, rollout_time, _ = rollout_output
         stats = self.learner.rl_step(episodes, snapshot)
         self.last_step_end = time.perf_counter()
         timings = {"time_rollout_s": rollout_time, "time_learner_s": self.last_step_end - t0,
@@ -104,25 +129,37 @@ def _check_cluster_cpus() -> None:
 
 class RayRun(Run):
     """``Run`` with the rollout and the learner in separate Ray actors. It writes no
-    checkpoints and cannot be resumed: use executor='inprocess' for resumable runs."""
+    checkpoints and cannot be resumed: use executor='inprocess' for resumable runs. Like ``Run`` it
+    holds the run directory's lock and checks everything it can before its first write."""
 
     def run(self, resume: bool = False, threads_per_actor: int = 1) -> dict:
-        import ray
-
-        c = self.config
         if resume:
             raise ValueError(
                 "the Ray executor does not checkpoint; use executor='inprocess' for resumable runs"
             )
+        return self._holding_run_dir(lambda: self._run_ray(threads_per_actor))
+
+    def _run_ray(self, threads_per_actor: int) -> dict:
+        import ray
+
+        c = self.config
         if (self.out / "config.json").exists():
             raise FileExistsError(f"{self.out} already holds a run; use a new --out")
+        eval_task_seeds(c)
+        # The actors build these same models from the same config; built here first, a model, kernel set
+        # or weight format that cannot work fails as itself (an actor's failure reaches the driver only as
+        # a RayActorError) and before anything is written. They are tiny at the scales this executor runs.
+        Learner(c), RolloutWorker(c)
+        record = _provenance.run_provenance(c)
         init_ray()
         _check_cluster_cpus()
-        self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.out / "config.json", c.to_dict())
-        atomic_write_json(self.out / "provenance.json", _provenance.run_provenance(c))
+        atomic_write_json(self.out / "provenance.json", record)
         self._truncate_metrics(0)
-        rollout = ray.remote(num_cpus=1)(_RolloutActor).remote(c.to_dict(), threads_per_actor)
+        restarts = ROLLOUT_RESTARTS if c.prefix_cache_versioned or not c.enable_prefix_caching else 0
+        restartable = ray.remote(num_cpus=1, max_restarts=restarts, max_task_retries=restarts)
+        kill_at = os.environ.get(KILL_ROLLOUT_ENV)
+        rollout = restartable(_RolloutActor).remote(c.to_dict(), threads_per_actor, kill_at)
         learner = ray.remote(num_cpus=1)(_LearnerActor).remote(c.to_dict(), threads_per_actor)
         try:
             return self._drive(rollout, learner)
@@ -147,9 +184,12 @@ class RayRun(Run):
         in_flight: deque = deque()
         bar = tqdm(total=c.steps, disable=self.quiet, desc=f"ray {c.env}/{c.algo}/lag{c.lag}")
 
+        incarnations: set[str] = set()
+
         def collect() -> None:
             step, version, rollout_ref, record_ref = in_flight.popleft()
-            (stats, timings, evaluation), (episodes, _) = ray.get([record_ref, rollout_ref])
+            (stats, timings, evaluation), (episodes, _, incarnation) = ray.get([record_ref, rollout_ref])
+            incarnations.add(incarnation)
             record = step_record(step, version, step + 1, stats, episodes, timings)
             record.update(evaluation)
             self._log(record)
@@ -179,7 +219,9 @@ class RayRun(Run):
         summary = summarize(records, digest, eval_before, eval_after, sft_losses)
         summary.update(cache_stats)
         summary.update(
-            executor="ray", time_wall_s=wall, learner_steps_per_s=len(records) / wall if wall > 0 else None
+            executor="ray", rollout_actor_restarts=len(incarnations) - 1, time_wall_s=wall,
+            learner_steps_per_s=len(records) / wall if wall > 0 else None
         )
         atomic_write_json(self.out / "summary.json", summary)
+        write_manifest(self.out)  # sha256 of every data file: the audit's tamper check
         return summary

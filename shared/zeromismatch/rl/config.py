@@ -3,6 +3,13 @@
 Experiments build these through named functions (``experiments/<name>/configs.py``);
 ``zm train`` builds one from flags. ``to_dict``/``from_dict`` round-trip through JSON so a
 run directory's ``config.json`` is enough to rerun or resume it.
+
+Numerics are named per side. ``kernels`` / ``dtype`` / ``quant`` are the learner's and, unless a
+``rollout_*`` field overrides them, the engine's too (``--dtype`` / ``--quant`` mean both sides). The
+learner always keeps its master weights in ``dtype``; with ``quant`` it runs its forward through the
+engine's quantize -> dequantize path (straight-through gradient). ``rollout_dtype``, ``rollout_quant``
+(re-quantized from the learner's weights at every weight update), ``kv_cache_dtype`` and
+``rollout_lm_head`` describe the engine alone. Named combinations: ``rl/stacks.py``.
 """
 
 from __future__ import annotations
@@ -13,15 +20,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.runner import LM_HEAD_PRECISIONS
 from ..engine.sampling_params import SamplingParams
 from ..train.losses import LOSSES
+from .stacks import NUMERICS_FIELDS, numerics_problems
 
 ALGOS = ("reinforce_zero", "grpo", "gspo", "ppo_clip", "tis")
 EXECUTORS = ("inprocess", "ray")
 UPDATE_MODES = ("keep", "wait", "abort")
-DTYPES = ("float32", "bfloat16")
-QUANTS = ("none", "fp8", "nvfp4")
+#: config.json keys of earlier versions -> today's field
+RENAMED_FIELDS = {"lm_head_precision": "rollout_lm_head"}
 MAX_LAG = 64
 
 
@@ -32,8 +39,12 @@ class RLConfig:
     algo: str = "reinforce_zero"
     kernels: str = "aligned"  # the learner's kernel set
     rollout_kernels: str | None = None  # the engine's; None = same as the learner (aligned stack)
-    dtype: str = "float32"
-    quant: str = "none"
+    dtype: str = "float32"  # the learner's master weights and activations; the engine's unless rollout_dtype
+    quant: str = "none"  # both sides' weight format (the learner fake-quantizes its masters)
+    rollout_dtype: str | None = None  # the engine's weights and activations; None = dtype
+    rollout_quant: str | None = None  # the engine's weight format; None = quant
+    kv_cache_dtype: str = "auto"  # the engine's KV cache: auto (activation dtype) | fp8_e4m3
+    rollout_lm_head: str = "fp32"  # the engine's head: fp32 | activation (a bf16 GEMM on a bf16 rollout)
     lag: int = 0  # maximum policy lag k: batch b is generated with weights version max(0, b - k)
     steps: int = 20
     prompts_per_step: int = 8
@@ -54,6 +65,8 @@ class RLConfig:
     # samples per eval prompt at the training temperature/top-k/top-p for sampled pass@1 (0: greedy only)
     eval_samples: int = 4
     checkpoint_every: int = 0  # 0: no checkpoints
+    # newest checkpoints kept on disk (0: all); the warm start step_000000 is always kept besides them
+    keep_checkpoints: int = 2
     executor: str = "inprocess"
     update_mode: str = "keep"
     micro_batch_size: int = 16
@@ -63,7 +76,6 @@ class RLConfig:
     audit_rollout_version: bool = True
     enable_prefix_caching: bool = True  # on where the policy supports it (not hybrid Mamba2 models)
     prefix_cache_versioned: bool = True  # False reproduces the stale-prefix bug of S2 fix 2
-    lm_head_precision: str = "fp32"
     step_latency_s: float = 0.0  # desktop env: injected latency per env step
     env_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"max_digits": 1} for arithmetic
     wandb: bool = False
@@ -87,10 +99,8 @@ class RLConfig:
             raise bad("executor", f"must be one of {EXECUTORS}")
         if self.update_mode not in UPDATE_MODES:
             raise bad("update_mode", f"must be one of {UPDATE_MODES}")
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"must be one of {DTYPES}")
-        if self.quant not in QUANTS:
-            raise bad("quant", f"must be one of {QUANTS}")
+        for name, why in numerics_problems({key: getattr(self, key) for key in NUMERICS_FIELDS}):
+            raise bad(name, why)
         def is_int(value) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 
@@ -105,7 +115,10 @@ class RLConfig:
         for name in positive:
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive int")
-        for name in ("sft_steps", "sft_batch", "eval_every", "checkpoint_every", "eval_samples"):
+        non_negative = (
+            "sft_steps", "sft_batch", "eval_every", "checkpoint_every", "keep_checkpoints", "eval_samples",
+        )  # fmt: skip
+        for name in non_negative:
             if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative int")
         # every algorithm here takes a group baseline (ppo_clip gets GRPO's group-normalised advantage):
@@ -128,8 +141,6 @@ class RLConfig:
                     raise bad(name, "the Ray executor neither checkpoints nor logs to wandb; "
                                     "use executor='inprocess' or leave it off")  # fmt: skip
         self._validate_sampling()
-        if self.lm_head_precision not in LM_HEAD_PRECISIONS:
-            raise bad("lm_head_precision", f"must be one of {LM_HEAD_PRECISIONS}")
         accepted = set(inspect.signature(LOSSES[self.algo]).parameters) - {"batch"}
         unknown = sorted(set(self.algo_options) - accepted)
         if unknown:
@@ -158,6 +169,24 @@ class RLConfig:
     def engine_kernels(self) -> str:
         return self.rollout_kernels or self.kernels
 
+    @property
+    def engine_dtype(self) -> str:
+        return self.rollout_dtype or self.dtype
+
+    @property
+    def engine_quant(self) -> str:
+        return self.rollout_quant or self.quant
+
+    @property
+    def aligned_numerics(self) -> bool:
+        """Both sides compute in the same numerics (kernel set, dtype, format, KV, head): the stack
+        promises exact zeros."""
+        return (
+            self.engine_kernels == self.kernels and self.engine_dtype == self.dtype
+            and self.engine_quant == self.quant and self.kv_cache_dtype == "auto"
+            and self.rollout_lm_head == "fp32"
+        )  # fmt: skip
+
     def weight_version_for_batch(self, batch_index: int) -> int:
         """The lag schedule: which learner version generates batch ``batch_index``."""
         return max(0, batch_index - self.lag)
@@ -172,6 +201,7 @@ class RLConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RLConfig:
+        data = {RENAMED_FIELDS.get(key, key): value for key, value in data.items()}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -27,17 +27,27 @@ from .rollout import Episode
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def build_policy(config: RLConfig, kernels: str, seed: int):
-    """The run's model: the preset with the shared tokenizer's vocabulary (+ overrides)."""
+def build_policy(config: RLConfig, side: str = "learner"):
+    """The run's model on one side (``"learner"`` | ``"rollout"``): the preset with the shared
+    tokenizer's vocabulary (+ overrides), in that side's dtype and weight format. Both sides start
+    from the same seed's weights. The learner keeps its weights as trainable masters and, with a
+    format, fake-quantizes them in its forward (the engine's quantize -> dequantize, straight-through
+    gradient); the engine holds the quantized weights and re-quantizes at every weight update."""
     from ..envs import default_tokenizer
-    from ..models import build_model, preset_dict, quantize_model
+    from ..models import build_model, fake_quantize_model, preset_dict, quantize_model
 
+    if side not in ("learner", "rollout"):
+        raise ValueError(f"side must be 'learner' or 'rollout', got {side!r}")
     hf = preset_dict(config.model)
     hf["vocab_size"] = default_tokenizer().vocab_size
     hf.update(config.model_overrides)
-    model = build_model(hf, kernels=kernels, dtype=DTYPES[config.dtype], seed=seed)
-    if config.quant != "none":
-        quantize_model(model, config.quant)
+    learner = side == "learner"
+    kernels = config.kernels if learner else config.engine_kernels
+    dtype = config.dtype if learner else config.engine_dtype
+    model = build_model(hf, kernels=kernels, dtype=DTYPES[dtype], seed=config.seed)
+    fmt = config.quant if learner else config.engine_quant
+    if fmt != "none":
+        (fake_quantize_model if learner else quantize_model)(model, fmt)
     return model
 
 
@@ -56,10 +66,15 @@ def state_snapshot(model) -> dict[str, torch.Tensor]:
 
 
 def weights_hash(model) -> str:
+    return state_dict_sha256(model.state_dict_hf())
+
+
+def state_dict_sha256(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over every (name, bytes) of an HF state dict, in name order."""
     import hashlib
 
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict_hf().items()):
+    for name, tensor in sorted(state.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
@@ -76,7 +91,7 @@ _ALWAYS_REPORTED = (
 class Learner:
     def __init__(self, config: RLConfig, model=None):
         self.config = config
-        self.model = model if model is not None else build_policy(config, config.kernels, config.seed)
+        self.model = model if model is not None else build_policy(config, "learner")
         self.version = 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.0)
         # The warm start has an optimizer of its own, so RL starts from fresh Adam moments: with one

@@ -18,16 +18,20 @@ Launch: ``zm train --env arithmetic --model tiny-qwen3 --algo reinforce_zero --l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from .. import _provenance
 from ..envs import make_env
-from ..io import atomic_write_json, atomic_write_text
+from ..io import atomic_write_json, atomic_write_text, directory_lock
+from ..manifest import write_manifest
 from ..metrics import mismatch
 from ..nanmath import max_nan_wins
 from ..train import checkpoint as ckpt
@@ -36,6 +40,10 @@ from .learner import Learner, build_policy, state_snapshot, weights_hash
 from .rollout import collect_episodes, demonstration_tokens
 
 _CRASH_AFTER_STEP_ENV = "ZM_CRASH_AFTER_STEP"  # tests: simulate a kill after a step is logged
+#: what a resumable checkpoint's state.pt holds (``Run._save``); a warm start saved alone holds only "model"
+_RESUME_KEYS = ("model", "optimizer", "learner_version", "history", "rng", "extra")
+#: config fields a resume may change: they decide what is kept on disk, not what is computed
+_RESUMABLE_CHANGES = ("keep_checkpoints",)
 TIMING_PREFIX = "time_"  # metrics that legitimately differ between identical runs
 
 
@@ -46,17 +54,18 @@ class RolloutWorker:
         from ..engine import LLM
 
         self.config = config
-        model = build_policy(config, config.engine_kernels, config.seed)
+        model = build_policy(config, "rollout")
         self.engine = LLM(
             model,
             kernels=config.engine_kernels,
+            kv_cache_dtype=config.kv_cache_dtype,
             max_num_seqs=max(8, config.prompts_per_step * config.group_size),
             max_num_batched_tokens=2048,
             # True: on where the policy supports it (a hybrid's Mamba2 state does not), without the
             # engine's warning for an explicit request: every config carries the field's default
             enable_prefix_caching=None if config.enable_prefix_caching else False,
             prefix_cache_versioned=config.prefix_cache_versioned,
-            lm_head_precision=config.lm_head_precision,
+            lm_head_precision=config.rollout_lm_head,
         )
         # -1: the engine holds the seed init, not yet any learner version (SFT may have moved version 0)
         self.version = -1
@@ -152,14 +161,15 @@ def evaluate(config: RLConfig, learner: Learner) -> dict:
     training temperature/top-k/top-p; the unbiased pass@1 estimate c/n per prompt, averaged over prompts
     (the metric RL optimises directly; greedy pass@1 only moves when an answer's argmax flips).
     """
-    import copy
-
     from ..engine import LLM
 
-    # the rollouts' head precision: a bf16-head run is evaluated as it samples
+    # the learner's weights served by an engine in the rollout's numerics (dtype, format, KV cache, head):
+    # a baseline's policy is evaluated as it samples
+    model = build_policy(config, "rollout")
+    model.load_state_dict_hf(state_snapshot(learner.model))
     engine = LLM(
-        copy.deepcopy(learner.model), kernels=config.engine_kernels, max_num_seqs=64,
-        lm_head_precision=config.lm_head_precision,
+        model, kernels=config.engine_kernels, max_num_seqs=64, kv_cache_dtype=config.kv_cache_dtype,
+        lm_head_precision=config.rollout_lm_head,
     )  # fmt: skip
     start = time.perf_counter()
     seeds = eval_task_seeds(config)
@@ -216,14 +226,15 @@ class WeightHistory:
 
 class Run:
     """One training run writing to ``out_dir``: metrics.jsonl, summary.json, provenance.json,
-    config.json, checkpoints/ — resumable from its last checkpoint."""
+    config.json, checkpoints/ — resumable from its last checkpoint.
+
+    While it runs it holds ``out_dir``'s lock (``io.directory_lock``): a second run on the same directory
+    fails at once. Everything that can fail up front (config, kernel sets, both sides' models, the
+    checkpoint a resume continues from) is checked before the first write, and a start that fails
+    before config.json exists removes the directory it created. provenance.json keeps the first start's
+    record at its top level; each resume appends its own record to its ``restarts`` list."""
 
     def __init__(self, config: RLConfig, out_dir: str | os.PathLike, quiet: bool = False):
-        if config.quant != "none":
-            raise NotImplementedError(
-                "RL with quantized weights needs a master-weight/fake-quant learner; use `zm parity --quant` "
-                "for FP8/NVFP4 parity. RLConfig.quant must be 'none' for training."
-            )
         self.config = config
         self.out = Path(out_dir)
         self.quiet = quiet
@@ -262,21 +273,88 @@ class Run:
             "extra": extra,
         }
         ckpt.save_checkpoint(self.ckpt_dir, step, state, {"config": self.config.to_dict()})
+        if self.config.keep_checkpoints:
+            # step 0 is the warm start `zm parity --checkpoint` measures baselines on: never pruned
+            ckpt.prune_checkpoints(self.ckpt_dir, self.config.keep_checkpoints, always_keep=(0,))
+
+    def _holding_run_dir(self, start: Callable[[], dict]) -> dict:
+        """``start()`` under the run directory's lock; a start that fails before writing config.json
+        leaves no directory it created (an existing one keeps whatever it held)."""
+        created = not self.out.exists()
+        try:
+            with directory_lock(self.out, "run"):
+                return start()
+        except BaseException:
+            if created and not (self.out / "config.json").exists():
+                with contextlib.suppress(OSError):
+                    self.out.rmdir()  # empty unless something else wrote there meanwhile: then kept
+            raise
+
+    def _previous_provenance(self) -> dict | None:
+        """The provenance.json a resume appends to (None when there is none)."""
+        path = self.out / "provenance.json"
+        if not path.exists():
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path} is unreadable ({err}); a resume appends to it") from None
+        if not isinstance(record, dict) or not isinstance(record.get("restarts", []), list):
+            raise ValueError(f"{path} is no provenance record (a JSON object with a 'restarts' list)")
+        return record
+
+    def _write_start(self, record: dict, previous: dict | None, resumed_from: Path | None, step: int) -> None:
+        """config.json and provenance.json of this (re)start: a first start's record is the file; a
+        resume's is appended to ``restarts`` (with when it started and where from)."""
+        atomic_write_json(self.out / "config.json", self.config.to_dict())
+        if previous is not None:
+            restart = {
+                **record,
+                "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "resumed_from": str(resumed_from) if resumed_from else None,
+                "resumed_at_step": step,
+            }
+            record = {**previous, "restarts": [*previous.get("restarts", []), restart]}
+        atomic_write_json(self.out / "provenance.json", record)
+
+    def _restore(self, latest: Path, learner: Learner, history: WeightHistory) -> dict:
+        """Load the resumable checkpoint ``latest`` into ``learner``/``history`` and the RNGs; its extra."""
+        state = ckpt.load_checkpoint(latest).state
+        missing = [key for key in _RESUME_KEYS if not isinstance(state, dict) or key not in state]
+        if not missing and not (isinstance(state["extra"], dict) and "next_step" in state["extra"]):
+            missing.append("extra.next_step")
+        if missing:
+            raise ckpt.CheckpointError(
+                f"checkpoint {latest / 'state.pt'} has no {', '.join(missing)}: not a resumable training "
+                "checkpoint (a warm start saved alone holds only the model); rerun without --resume"
+            )
+        learner.model.load_state_dict_hf(state["model"])
+        learner.optimizer.load_state_dict(state["optimizer"])
+        learner.version = state["learner_version"]
+        history.snapshots = state["history"]
+        ckpt.restore_rng_state(state["rng"])
+        return state["extra"]
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict:
+        return self._holding_run_dir(lambda: self._run(resume))
+
+    def _run(self, resume: bool) -> dict:
         from tqdm import tqdm
 
         c = self.config
         torch.manual_seed(c.seed)
-        self.out.mkdir(parents=True, exist_ok=True)
         config_path = self.out / "config.json"
         if config_path.exists() and not resume:
             raise FileExistsError(f"{self.out} already holds a run; pass --resume or choose a new --out")
         if resume and config_path.exists():
-            saved = json.loads(config_path.read_text())
-            if saved != c.to_dict():
+            saved = RLConfig.from_dict(json.loads(config_path.read_text())).to_dict()
+            given = c.to_dict()
+            for key in _RESUMABLE_CHANGES:
+                saved.pop(key, None), given.pop(key, None)
+            if saved != given:
                 raise ValueError(f"{config_path} differs from the config given; resume needs the same config")
+        previous = self._previous_provenance() if resume else None
         latest = ckpt.latest_checkpoint(self.ckpt_dir) if resume else None
         if latest is not None and c.enable_prefix_caching and not c.prefix_cache_versioned:
             # the engine's cache is not checkpointed: a resumed run could not reuse the stale K/V an
@@ -286,29 +364,29 @@ class Run:
                 "cache is not checkpointed); rerun it from the start"
             )
         eval_task_seeds(c)  # an eval split too small for eval_size fails here, not after the warm start
-        atomic_write_json(config_path, c.to_dict())
-        atomic_write_json(self.out / "provenance.json", _provenance.run_provenance(c))
-
+        # both sides' models are built before anything is written: a kernel set or weight format the
+        # model cannot take (NVFP4 on an in-dim that is no multiple of 16) fails here, not after the run began
         learner = Learner(c)
+        worker = RolloutWorker(c)
+        record = _provenance.run_provenance(c)  # resolves the kernel sets (a native build) before any write
+
         history = WeightHistory()
         start_step, extra = 0, {}
         if latest is not None:
-            state = ckpt.load_checkpoint(latest).state
-            learner.model.load_state_dict_hf(state["model"])
-            learner.optimizer.load_state_dict(state["optimizer"])
-            learner.version = state["learner_version"]
-            history.snapshots = state["history"]
-            ckpt.restore_rng_state(state["rng"])
-            extra = state["extra"]
+            # verified and loaded before any write: a corrupt checkpoint fails the resume, changing nothing
+            extra = self._restore(latest, learner, history)
             start_step = extra["next_step"]
-            self._truncate_metrics(start_step)
-        else:
-            self._truncate_metrics(0)
+        self._truncate_metrics(start_step)  # a malformed metrics.jsonl fails before the start is recorded
+        self._write_start(record, previous, latest, start_step)
+        if latest is None:
             sft_losses = run_sft(c, learner)
             extra = {"sft_losses": sft_losses, "eval_before": evaluate(c, learner)}
             history.put(0, state_snapshot(learner.model))
+            if c.checkpoint_every:
+                # the warm-started weights, before any RL update: what `zm parity --checkpoint` measures a
+                # stack's mismatch on, and where a resume skips the warm start from
+                self._save(0, learner, history, {**extra, "next_step": 0, "cache_stats": {}})
 
-        worker = RolloutWorker(c)
         wandb_run = _maybe_wandb(c, self.out)
         bar = tqdm(range(start_step, c.steps), disable=self.quiet, desc=f"{c.env}/{c.algo}/lag{c.lag}")
         for step in bar:
@@ -344,6 +422,7 @@ class Run:
         # counted over the whole run: a resumed run's engine starts its counters at 0
         summary.update(_add_counts(extra.get("cache_stats", {}), worker.cache_stats()))
         atomic_write_json(self.out / "summary.json", summary)
+        write_manifest(self.out)  # sha256 of every data file: the audit's tamper check
         if wandb_run is not None:
             wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
             wandb_run.finish()
@@ -383,6 +462,10 @@ def summarize(
     }
     for key in keys:
         summary[f"{key}_max_over_steps"] = max_nan_wins(r[key] for r in records)
+    # the mismatch the run started from (the warm-started weights, before any RL update moved them):
+    # what a baseline's fidelity is judged on
+    first = records[0] if records else {}
+    summary.update({f"{key}_first_step": first.get(key) for key in keys})
     summary["steps_with_zero_mismatch"] = sum(all(r[k] == 0.0 for k in keys) for r in records)
     summary["is_peak_over_median_max"] = max_nan_wins(r["peak_over_median"] for r in records)
     summary["grad_norm_preclip_max"] = max_nan_wins(r["grad_norm_preclip"] for r in records)

@@ -83,6 +83,7 @@ run in the same mode.
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from collections import OrderedDict
@@ -125,26 +126,67 @@ def _check_tile_rows(rows: int) -> None:
         raise ValueError(f"{TILE_ROWS_ENV} must be 0 (off) or a row count >= 2, got {rows!r}")
 
 
-_tile_rows = _tile_rows_from_env()
+#: a bad value is not raised at import (``zm --help`` must work whatever the environment holds):
+#: ``_tile_rows`` is then -1, which every tiled branch and ``gemm_tile_rows`` turn into the
+#: ValueError; a valid value costs the hot path nothing extra
+_tile_rows_error = ""
+try:
+    _tile_rows = _tile_rows_from_env()
+except ValueError as err:
+    _tile_rows, _tile_rows_error = -1, str(err)
+
+
+def _raise_bad_tile_rows() -> None:
+    raise ValueError(_tile_rows_error)
 
 
 def gemm_tile_rows() -> int:
-    """Rows of every GEMM call in the portable mode; 0 when the mode is off (the default)."""
+    """Rows of every GEMM call in the portable mode; 0 when the mode is off (the default).
+    ValueError naming the variable when ``ZEROMISMATCH_GEMM_TILE_ROWS`` holds a bad value."""
+    if _tile_rows < 0:
+        _raise_bad_tile_rows()
     return _tile_rows
 
 
 def set_gemm_tile_rows(rows: int) -> None:
-    """Turn the portable fixed-tile mode on (``rows`` >= 2, e.g. 16) or off (0) for this process.
-    Packed weights stay valid (the mode changes the calls, not the packing)."""
+    """Turn the portable fixed-tile mode on (``rows`` >= 2, e.g. 16) or off (0) for this process
+    (also replaces a bad value read from the environment). Packed weights stay valid (the mode
+    changes the calls, not the packing)."""
     global _tile_rows
     _check_tile_rows(rows)
     _tile_rows = rows
 
 
-def _in_tiles(call: Callable[[torch.Tensor], torch.Tensor], x2d: torch.Tensor) -> torch.Tensor:
-    """``call`` on consecutive ``_tile_rows``-row tiles of ``x2d`` (the last zero-padded), joined:
+def _cpu_has_amx_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+    except OSError:  # not Linux: no such CPU was measured
+        return False
+
+
+#: bf16 rows per GEMM call when ``ZEROMISMATCH_GEMM_TILE_ROWS`` is unset, on CPUs with AMX bf16
+#: tiles: there oneDNN's bf16 kernels pick their blocking by M (measured on a Xeon with amx_bf16,
+#: torch 2.13, 1 and 2 threads: rows 16..36 of a K = 1024 GEMM differ from the same rows in a
+#: 67-row call, while K <= 512 agreed), so every bf16 call gets exactly 16 rows, which restored
+#: every aligned invariance check there. fp32 runs AVX-512 kernels on those CPUs and keeps the
+#: untiled path. 0 elsewhere.
+AMX_BF16_TILE_ROWS = 16 if TILE_ROWS_ENV not in os.environ and _cpu_has_amx_bf16() else 0
+
+
+def _tile_for(dtype: torch.dtype) -> int:
+    """The rows of every GEMM call for ``dtype``: the portable mode's, else the AMX bf16 tiles."""
+    if _tile_rows:
+        return _tile_rows
+    return AMX_BF16_TILE_ROWS if dtype is torch.bfloat16 else 0
+
+
+def _in_tiles(call: Callable[[torch.Tensor], torch.Tensor], x2d: torch.Tensor, tile: int) -> torch.Tensor:
+    """``call`` on consecutive ``tile``-row tiles of ``x2d`` (the last zero-padded), joined:
     every library call sees the same shape, whatever M is (see the module docstring)."""
-    tile, (m, k) = _tile_rows, x2d.shape
+    if tile < 0:
+        _raise_bad_tile_rows()
+    m, k = x2d.shape
     pad = -m % tile
     src = torch.cat((x2d, x2d.new_zeros(pad, k))) if pad else x2d.contiguous()
     if m + pad == tile:
@@ -167,8 +209,9 @@ _LINEAR = torch.ops.mkldnn._linear_pointwise.default if _ONEDNN else None
 class _PackedWeights:
     """LRU map (tag, weights' roots and view geometry) -> packed value; see the module docstring."""
 
-    def __init__(self, budget_bytes: int):
-        self.budget_bytes = budget_bytes
+    def __init__(self, budget_bytes: int, budget_error: str = ""):
+        self.budget_bytes = budget_bytes  # < 0: ``budget_error`` (a bad environment variable) on lookup
+        self.budget_error = budget_error or f"packed-weight budget must be >= 0 bytes, got {budget_bytes}"
         # key -> (weakrefs to roots, versions, nbytes, value), least recently used first
         self.entries: OrderedDict[tuple, tuple] = OrderedDict()
         self.nbytes = 0
@@ -193,6 +236,8 @@ class _PackedWeights:
         """The cached ``build()[0]`` for these weights (in their current versions), building it
         on a miss; None when one of them may not be cached (see the module docstring)."""
         if self.budget_bytes <= 0:
+            if self.budget_bytes < 0:
+                raise ValueError(self.budget_error)
             return None
         grad = torch.is_grad_enabled()
         roots, key, versions = [], [tag], []
@@ -301,18 +346,39 @@ class _PackedWeights:
         old.clear()
 
 
+BUDGET_ENV = "ZEROMISMATCH_PACKED_WEIGHTS_MB"  # (the budget, in MiB; 0 disables the cache)
+
+
 def _budget_from_env() -> int:
-    raw = os.environ.get("ZEROMISMATCH_PACKED_WEIGHTS_MB", "2048")
+    raw = os.environ.get(BUDGET_ENV, "2048").strip() or "2048"
     try:
-        return int(float(raw) * 2**20)
+        mib = float(raw)
     except ValueError:
-        raise ValueError(f"ZEROMISMATCH_PACKED_WEIGHTS_MB must be a number of MiB, got {raw!r}") from None
+        mib = math.nan
+    if not mib >= 0 or math.isinf(mib):  # nan fails the comparison; int(inf * 2**20) would overflow
+        raise ValueError(f"{BUDGET_ENV} must be a number of MiB >= 0 (0 disables the cache), got {raw!r}")
+    return int(mib * 2**20)
 
 
-_PACKED = _PackedWeights(_budget_from_env())
+#: as for the tile rows, a bad value is raised by the first lookup, not at import: the budget is
+#: then -1, which ``lookup`` (the one place that reads it on a miss) turns into the ValueError
+try:
+    _PACKED = _PackedWeights(_budget_from_env())
+except ValueError as err:
+    _PACKED = _PackedWeights(-1, budget_error=str(err))
 #: ``cached_from_weights((weight,), tag, build)`` by the cache's cheaper one-weight lookup (bound
 #: once: a module-level wrapper costs a frame per decode-step GEMM)
 cached_from_weight = _PACKED.lookup_one
+
+
+def check_gemm_environment() -> None:
+    """ValueError naming the variable when ``ZEROMISMATCH_GEMM_TILE_ROWS`` or ``..._PACKED_WEIGHTS_MB``
+    holds a bad value: for callers about to run GEMMs (the engine, ``zm invariance``), so the error
+    comes before any work, not from a GEMM inside an engine step (reported per request there)."""
+    if _tile_rows < 0:
+        _raise_bad_tile_rows()
+    if _PACKED.budget_bytes < 0:
+        raise ValueError(_PACKED.budget_error)
 
 
 def packed_weights() -> _PackedWeights:
@@ -386,8 +452,9 @@ def linear_prepacked(x2d: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     ``packed_experts`` (same bits as ``row_invariant_linear`` on the plain weight). A single
     row is padded to ``ONEDNN_MIN_ROWS``; x2d must be contiguous. No autograd."""
     m = x2d.shape[0]
-    if _tile_rows and m:
-        return _in_tiles(lambda tile: _LINEAR(tile, packed, None, "none", [None], ""), x2d)
+    tile = _tile_for(x2d.dtype)
+    if tile and m:
+        return _in_tiles(lambda rows: _LINEAR(rows, packed, None, "none", [None], ""), x2d, tile)
     if m >= ONEDNN_MIN_ROWS[x2d.dtype]:
         return _LINEAR(x2d, packed, None, "none", [None], "")
     x2d = torch.cat((x2d, x2d.new_zeros(ONEDNN_MIN_ROWS[x2d.dtype] - m, x2d.shape[1])))
@@ -432,8 +499,9 @@ def _onednn_forward(x2d: torch.Tensor, weight: torch.Tensor, cache: bool = True)
     if packed is None:
         weight = weight.contiguous()
         packed = _pad_rows(weight, ONEDNN_MIN_COLS) if n < ONEDNN_MIN_COLS else weight
-    if _tile_rows:
-        return _in_tiles(lambda tile: _LINEAR(tile, packed, None, "none", [None], ""), x2d)[:, :n]
+    tile = _tile_for(x2d.dtype)
+    if tile:
+        return _in_tiles(lambda rows: _LINEAR(rows, packed, None, "none", [None], ""), x2d, tile)[:, :n]
     padded = m < ONEDNN_MIN_ROWS[x2d.dtype]
     if padded:  # zero rows (rows never interact in a GEMM; padding only selects the kernel)
         x2d = torch.cat((x2d, x2d.new_zeros(ONEDNN_MIN_ROWS[x2d.dtype] - m, x2d.shape[1])))
@@ -487,6 +555,8 @@ def row_invariant_linear(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
 def uses_batched_pieces(piece_k: int, n: int, dtype: torch.dtype) -> bool:
     """Whether K-pieces ``[M, piece_k] x [piece_k, n]`` go through one batched GEMM (module docstring)."""
     if _tile_rows:  # the batched MKL GEMM was not measured on other machines: per-piece oneDNN tiles
+        if _tile_rows < 0:
+            _raise_bad_tile_rows()
         return False
     return dtype == torch.float32 and n >= BATCHED_MIN_COLS and piece_k * n <= BATCHED_PIECE_MAX_ELEMENTS
 
@@ -535,12 +605,13 @@ def row_invariant_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -
             row_invariant_linear(x2d[:, j * k : (j + 1) * k], weight[:, j * k : (j + 1) * k])
             for j in range(pieces)
         ]
-    if _tile_rows:
+    tile = _tile_for(x2d.dtype)
+    if tile:
         x_pieces = x2d.view(m, pieces, k).transpose(0, 1)
-        return [
-            _in_tiles(lambda tile, w_piece=w_piece: _LINEAR(tile, w_piece, None, "none", [None], ""), x_piece)
-            for x_piece, w_piece in zip(x_pieces, packed)
-        ]
+        def piece_call(w_piece):
+            return lambda rows: _LINEAR(rows, w_piece, None, "none", [None], "")
+
+        return [_in_tiles(piece_call(w_piece), x_piece, tile) for x_piece, w_piece in zip(x_pieces, packed)]
     rows = max(m, ONEDNN_MIN_ROWS[x2d.dtype])
     # one copy lays the pieces out contiguously: [pieces, rows, k] (zero rows pad a single row)
     x_pieces = x2d.new_zeros(pieces, rows, k) if m < rows else x2d.new_empty(pieces, rows, k)
@@ -553,6 +624,8 @@ def _mkl_fallback(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     # always a fresh (allocator-aligned) buffer whose row stride is a multiple of 16 elements:
     # MKL dgemm picks a different kernel for rows that start misaligned (odd K, odd row)
     m, k = x2d.shape
+    if _tile_rows < 0:
+        _raise_bad_tile_rows()
     unit = _tile_rows or FALLBACK_MIN_ROWS
     rows = -(-m // unit) * unit
     stride = -(-k // FALLBACK_MIN_ROWS) * FALLBACK_MIN_ROWS

@@ -9,8 +9,10 @@
 #include <string.h>
 
 /* the bit-for-bit argument needs every float operation rounded to fp32 once (no x87 extended
- * precision) and no fast-math rewriting; refuse to compile otherwise */
-#if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
+ * precision) and no fast-math rewriting; refuse to compile otherwise. FLT_EVAL_METHOD 16 (GCC on
+ * CPUs with AVX512-FP16, ISO/IEC TS 18661-3) widens only _Float16 operations, which these sources do
+ * not use: float and double still evaluate in their own type, as under 0. */
+#if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0 && __FLT_EVAL_METHOD__ != 16
 #error "native kernels need FLT_EVAL_METHOD 0 (e.g. SSE math, not -mfpmath=387)"
 #endif
 #if defined(__FAST_MATH__) || defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
