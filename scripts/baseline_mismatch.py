@@ -13,7 +13,6 @@ provenance and the warm start's weights hash) and prints the Markdown table docs
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -25,11 +24,9 @@ KEYS = ("diff_max", "diff_mean", "diff_std", "k3_kl", "nonfinite_tokens", "token
 
 
 def experiment(name: str):
-    path = ROOT / "experiments" / name / "configs.py"
-    spec = importlib.util.spec_from_file_location(f"_configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.EXPERIMENT
+    from zeromismatch.expt.spec import load_experiment_configs
+
+    return load_experiment_configs(ROOT / "experiments" / name).EXPERIMENT
 
 
 def warm_start_config(exp):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import inspect
 import json
 import sys
@@ -66,13 +65,9 @@ def discover(root: Path = ROOT) -> list[str]:
 
 
 def load_configs(name: str, root: Path = ROOT) -> ModuleType:
-    path = root / "experiments" / name / "configs.py"
-    spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "EXPERIMENT"):
-        raise ValueError(f"{path}: defines no EXPERIMENT")
-    return module
+    from zeromismatch.expt.spec import load_experiment_configs
+
+    return load_experiment_configs(root / "experiments" / name)
 
 
 # ---------------------------------------------------------------------------------------- arms

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import re
@@ -202,15 +201,9 @@ def discover(root: Path) -> list[Path]:
 
 def mini_arms(experiment_dir: Path) -> list[str]:
     """The experiment's mini arm names, from its configs.py (imported the way launch.py imports it)."""
-    path = experiment_dir / "configs.py"
-    spec = importlib.util.spec_from_file_location(f"reproduce_configs_{experiment_dir.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(experiment_dir))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(experiment_dir))
-    return [arm.name for arm in module.EXPERIMENT.arms_for("mini")]
+    from zeromismatch.expt.spec import load_experiment_configs
+
+    return [arm.name for arm in load_experiment_configs(experiment_dir).EXPERIMENT.arms_for("mini")]
 
 
 def plan(root: Path, out: Path, experiments: list[Path], learnability: bool, benchmarks: bool) -> list[Step]:

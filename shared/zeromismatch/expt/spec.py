@@ -116,3 +116,23 @@ def add_to_summary(run_dir: Path, values: dict, inputs: tuple[Path, ...] = ()) -
     derived.update(dict.fromkeys(values, record))
     atomic_write_json(path, summary)
     write_manifest(run_dir)
+
+
+def load_experiment_configs(experiment_dir: str | Path):
+    """``experiments/<name>/configs.py`` imported as its ``launch.py`` imports it (its folder on
+    ``sys.path`` while it runs); the module, which must define ``EXPERIMENT``."""
+    import importlib.util
+    import sys
+
+    experiment_dir = Path(experiment_dir)
+    path = experiment_dir / "configs.py"
+    spec = importlib.util.spec_from_file_location(f"_experiment_configs_{experiment_dir.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(experiment_dir))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(experiment_dir))
+    if not hasattr(module, "EXPERIMENT"):
+        raise ValueError(f"{path}: defines no EXPERIMENT")
+    return module
