@@ -259,8 +259,7 @@ def fp8_kv_roundtrip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tens
     The write is vLLM's ``reshape_and_cache`` / ``reshape_and_cache_flash`` with
     ``kv_cache_dtype="fp8_e4m3"`` (``fp8::scaled_convert``, nvidia ``scaled_vec_conversion``): the
     value in fp32 divided by the scale, saturated to +-448 and rounded to the nearest e4m3 value,
-    ties to even (``__nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...)``; torch's cast overflows to NaN
-    past 448, hence the clamp first). The read is the kernel's dequantization: the e4m3 value in
+    ties to even (``__nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...)``; ``to_e4m3``). The read is the kernel's dequantization: the e4m3 value in
     fp32 times the scale, rounded to the activation dtype. With the engine's unit scale the division
     and the multiplication are exact on any path (a GPU's approximate reciprocal included).
     Elementwise, so a token's K/V get the same bits in any batch.
@@ -270,8 +269,7 @@ def fp8_kv_roundtrip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tens
     scale every e4m3 value is exact in bf16 and fp16). The memory an FP8 cache saves is not
     modelled. Only K and V are rounded: FlashAttention 3's FP8 path in vLLM also quantizes the
     queries, which this does not model (the backends that dequantize K/V in the kernel do not)."""
-    y = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return (y.float() * scale).to(x.dtype)
+    return (to_e4m3(x.float() / scale).float() * scale).to(x.dtype)
 
 
 __all__ = [
