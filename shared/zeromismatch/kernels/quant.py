@@ -259,9 +259,10 @@ def fp8_kv_roundtrip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tens
     The write is vLLM's ``reshape_and_cache`` / ``reshape_and_cache_flash`` with
     ``kv_cache_dtype="fp8_e4m3"`` (``fp8::scaled_convert``, nvidia ``scaled_vec_conversion``): the
     value in fp32 divided by the scale, saturated to +-448 and rounded to the nearest e4m3 value,
-    ties to even (``__nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...)``; ``to_e4m3``). The read is the kernel's dequantization: the e4m3 value in
-    fp32 times the scale, rounded to the activation dtype. With the engine's unit scale the division
-    and the multiplication are exact on any path (a GPU's approximate reciprocal included).
+    ties to even (``__nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...)``; ``to_e4m3``). The read is the
+    kernel's dequantization: the e4m3 value in fp32 times the scale, rounded to the activation dtype.
+    With the engine's unit scale the division and the multiplication are exact on any path (a GPU's
+    approximate reciprocal included).
     Elementwise, so a token's K/V get the same bits in any batch.
 
     The engine's cache is *emulated*: its tensors stay in the activation dtype and hold these
