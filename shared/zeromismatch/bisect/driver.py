@@ -6,7 +6,7 @@ Tokens. ``--seed`` draws ``num_seqs`` (prompt, response) pairs of random lengths
 see exactly these tokens (teacher forcing), so every op output row can be matched by its
 token identity (sequence id, position).
 
-Weights. The trainer's model is the RL learner's (``commands.parity.build_trainer_model``:
+Weights. The trainer's model is the RL learner's (``engine.llm.build_trainer_model``:
 master weights in its dtype, fake-quantized in its forward when it has a weight format). The
 engine's model is the preset built in the rollout dtype holding the trainer's weights, cast to
 that dtype by ``load_state_dict_hf`` and then quantized to the rollout format, which is what an
@@ -207,7 +207,7 @@ def sampling_params(config: BisectConfig, seq_id: int, response_len: int):
 
 def build_trainer_side_model(config: BisectConfig):
     """The learner's model: the trainer's dtype, fake-quantized to its format (``zm parity``'s)."""
-    from ..commands.parity import build_trainer_model
+    from ..engine.llm import build_trainer_model
 
     return build_trainer_model(
         config.model, config.trainer_kernels, DTYPES[config.dtype], config.seed, config.quant

@@ -86,20 +86,11 @@ def run_engine_workload(llm, workload) -> list:
 
 
 def _trainer_worker(rank, group, preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order):
+    from ..engine.llm import build_trainer_model
     from ..train.logprobs import compute_logprobs
 
     model = build_trainer_model(preset, kernels, dtype, seed, quant, tp_group=group)
     return compute_logprobs(model, prompts, responses, params, micro_batch_size=mbs, order=order)
-
-
-def build_trainer_model(preset, kernels, dtype, seed, quant, tp_group=None):
-    """The trainer's model as the RL learner holds it: master weights in ``dtype`` and, with a weight
-    format, the fake-quantized forward (the engine's quantize -> dequantize, straight-through)."""
-    from ..engine.llm import build_preset
-    from ..models import fake_quantize_model
-
-    model = build_preset(preset, kernels, dtype, seed, None, tp_group=tp_group)
-    return model if quant in (None, "none") else fake_quantize_model(model, quant)
 
 
 def trainer_logprobs(
@@ -181,7 +172,7 @@ def run_parity(
             "the comparison would pass for any kernels; pass --logprobs-mode raw"
         )
     from ..engine import LLM
-    from ..engine.llm import build_preset
+    from ..engine.llm import build_preset, build_trainer_model
     from ..models import quantize_model, resolve_config
     from ..models.causal_lm import check_tp_degree
     from ..models.memory import check_weights_fit

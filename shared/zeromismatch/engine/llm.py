@@ -64,6 +64,16 @@ def build_preset(preset: str, kernels="aligned", dtype=torch.float32, seed=0, qu
     return model
 
 
+def build_trainer_model(preset, kernels, dtype, seed, quant, tp_group=None):
+    """The trainer's model as the RL learner holds it: master weights in ``dtype`` and, with a weight
+    format, the fake-quantized forward (the engine's quantize -> dequantize, straight-through).
+    ``zm parity`` and ``zm bisect`` build their trainer side with it."""
+    from ..models import fake_quantize_model
+
+    model = build_preset(preset, kernels, dtype, seed, None, tp_group=tp_group)
+    return model if quant in (None, "none") else fake_quantize_model(model, quant)
+
+
 def resolve_model(model, kernels, dtype, seed, quant=None, tp_group=None):
     if isinstance(model, str):
         return build_preset(model, kernels, dtype, seed, quant, tp_group)
