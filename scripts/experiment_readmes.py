@@ -182,10 +182,12 @@ def _cell(text: str) -> str:
 
 def arms_table(arms: list) -> list[str]:
     differences = arm_differences(arms)
-    lines = ["| arm | note | differs from the base |", "|---|---|---|"]
+    lines = ["| arm | seeds | note | differs from the base |", "|---|---|---|---|"]
     for arm in arms:
         differs = ", ".join(render_assignments(differences[arm.name])) or "—"
-        lines.append(f"| {_code(arm.name)} | {_cell(arm.note) or '—'} | {_cell(differs)} |")
+        # a seeded arm is one run per seed, <arm>/seed<k>/, each with config.seed = k
+        seeds = ", ".join(str(seed) for seed in arm.seeds) if arm.seeds else str(arm.config.seed)
+        lines.append(f"| {_code(arm.name)} | {seeds} | {_cell(arm.note) or '—'} | {_cell(differs)} |")
     return lines
 
 

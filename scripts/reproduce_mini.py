@@ -59,6 +59,7 @@ FIXED_ENV = {
 }
 #: test hooks that would crash a run on purpose
 UNSET_ENV = ("ZM_CRASH_AFTER_STEP", "ZM_CRASH_DURING_CHECKPOINT")
+WARM_START_ENV, WARM_STARTS = "ZEROMISMATCH_WARM_START_DIR", "warm_starts"  # zeromismatch.rl.warm_start
 STATUSES = ("identical", "differs", "new", "missing")
 
 
@@ -69,6 +70,7 @@ class Step:
     name: str
     argv: list[str]
     units: list[Path] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # set in its environment besides FIXED_ENV
 
     @property
     def slug(self) -> str:
@@ -150,16 +152,20 @@ def _by_step(item: tuple[str, int]) -> tuple[int, str]:
 
 
 def run_dirs(root: Path, group: str, depth: int) -> dict[str, Path]:
-    """Run directories ``depth`` levels below ``root/group`` (by path relative to ``root``); a run is a
-    directory holding summary.json or metrics.jsonl; dot-names (``.<arm>.partial``) are skipped."""
+    """Run directories at most ``depth`` levels below ``root/group`` (by path relative to ``root``): a
+    run is a directory holding summary.json or metrics.jsonl (``<arm>/`` or a seeded arm's
+    ``<arm>/seed<k>/``); nothing below a run is searched; dot-names (``.<arm>.partial``) are skipped."""
+    found: dict[str, Path] = {}
     level = [root / group] if (root / group).is_dir() else []
     for _ in range(depth):
-        level = [c for d in level for c in sorted(d.iterdir()) if c.is_dir() and not c.name.startswith(".")]
-    return {
-        d.relative_to(root).as_posix(): d
-        for d in level
-        if (d / "summary.json").is_file() or (d / "metrics.jsonl").is_file()
-    }
+        children = [c for d in level for c in sorted(d.iterdir()) if c.is_dir() and c.name[0] != "."]
+        level = []
+        for child in children:
+            if (child / "summary.json").is_file() or (child / "metrics.jsonl").is_file():
+                found[child.relative_to(root).as_posix()] = child
+            else:
+                level.append(child)
+    return dict(sorted(found.items()))
 
 
 def compare_groups(fresh_root: Path, committed_root: Path, groups: list[tuple[str, int]]) -> list[Row]:
@@ -199,18 +205,23 @@ def discover(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / "experiments").glob("*/launch.py"))
 
 
-def mini_arms(experiment_dir: Path) -> list[str]:
-    """The experiment's mini arm names, from its configs.py (imported the way launch.py imports it)."""
+def mini_runs(experiment_dir: Path) -> list[str]:
+    """The experiment's mini run directories (``<arm>`` or ``<arm>/seed<k>``), from its configs.py
+    (imported the way launch.py imports it)."""
     from zeromismatch.expt.spec import load_experiment_configs
 
-    return [arm.name for arm in load_experiment_configs(experiment_dir).EXPERIMENT.arms_for("mini")]
+    arms = load_experiment_configs(experiment_dir).EXPERIMENT.arms_for("mini")
+    return [name for arm in arms for name, _ in arm.runs()]
 
 
 def plan(root: Path, out: Path, experiments: list[Path], learnability: bool, benchmarks: bool) -> list[Step]:
     python = sys.executable
+    # shared warm starts are built afresh in out/warm_starts/ (once for all the runs that share one),
+    # never read from the checkout's cache: they are verified too, through every run that loads them
+    fresh = {WARM_START_ENV: str(out / WARM_STARTS)}
     steps = [
         Step(exp.name, [python, str(exp / "launch.py"), "--scale", "mini", "--out-root", str(out), "--quiet"],
-             [out / exp.name / "mini" / arm / "summary.json" for arm in mini_arms(exp)])
+             [out / exp.name / "mini" / run / "summary.json" for run in mini_runs(exp)], fresh)
         for exp in experiments
     ]  # fmt: skip
     if learnability:
@@ -219,7 +230,7 @@ def plan(root: Path, out: Path, experiments: list[Path], learnability: bool, ben
         suite = out / LEARNABILITY
         units = [suite / case.name / f"seed{seed}" / "summary.json" for case in cases() for seed in SEEDS]
         script = str(root / "scripts" / "learnability.py")
-        steps.append(Step(LEARNABILITY, [python, script, "--out-root", str(suite), "--quiet"], units))
+        steps.append(Step(LEARNABILITY, [python, script, "--out-root", str(suite), "--quiet"], units, fresh))
     if benchmarks:
         steps += benchmark_steps(root, out / BENCHMARKS)
     return steps
@@ -254,7 +265,8 @@ def run_step(step: Step, cwd: Path, log: Path, on_poll) -> int:
     """Run one step with its output in ``log``; ``on_poll()`` is called every second while it runs."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as sink:
-        proc = subprocess.Popen(step.argv, cwd=cwd, env=child_env(), stdout=sink, stderr=subprocess.STDOUT)
+        env = {**child_env(), **step.env}
+        proc = subprocess.Popen(step.argv, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT)
         try:
             while True:
                 try:
@@ -411,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     if not steps:
         print("reproduce: nothing to run")
         return 0
-    groups = [(f"{exp.name}/mini", 1) for exp in experiments] + ([(LEARNABILITY, 2)] if learnability else [])
+    groups = [(f"{exp.name}/mini", 2) for exp in experiments] + ([(LEARNABILITY, 2)] if learnability else [])
     out.mkdir(parents=True, exist_ok=True)
     config = settings(root)
     if not args.quiet:

@@ -19,6 +19,12 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+
+@pytest.fixture(autouse=True, scope="session")
+def _warm_start_cache(tmp_path_factory):
+    """Shared warm starts a test builds go to a temp cache, never the checkout's runs/warm_starts."""
+    os.environ["ZEROMISMATCH_WARM_START_DIR"] = str(tmp_path_factory.mktemp("warm_starts"))
+
 #: the packages of the optional ``cluster`` extra (pyproject.toml), the default of ``@pytest.mark.cluster``
 CLUSTER_MODULES = ("ray", "submitit")
 

@@ -1,15 +1,25 @@
 """S1: DeepSeek-V4-Flash — diff zero at every one of >100 RL steps with aligned kernels,
-while the high-performance baseline's train-inference KL grows (2e-3 -> 29.9).
+while the high-performance baseline's train-inference KL grows (2e-3 -> 29.9) and its reward falls.
 
-Mini stand-in: tiny-deepseek-v3 (MLA attention, shared + routed experts, first-k dense
-layers) trained from scratch on the arithmetic env for 101 steps. The aligned arms run
-DeepSeek's 128x128-block FP8 weights on both sides (the learner fake-quantizes fp32 master
-weights: ``rl/stacks.py`` ``aligned-fp8-block``), once on the pure-torch aligned set and once on
-the aligned-native set (attention, scan, GEMMs, norms, rope, the SwiGLU product and MoE experts
-in fixed-order C); both must keep the zero diff. ``fast`` is the published high-performance
-baseline (``fast-fp8-block``: a bf16 rollout on stock kernels with block-FP8 weights, an FP8 KV
-cache and a bf16 head, against the fp32-master learner); ``default`` runs the stock kernels on
-both sides in fp32 (fp32 re-association only).
+Mini stand-in: tiny-deepseek-v3 (MLA attention, shared + routed experts, first-k dense layers) on the
+multi-turn calculator-tool env (answers of ~20 tokens over two turns, where a mismatch has tokens to
+compound over), every arm starting RL from ONE shared warm start (``warm_start="shared"``: a 300-step
+fp32 SFT built once, ``rl/warm_start.py``), so a difference between arms is a difference between stacks.
+All arms train with plain REINFORCE and **no correction** (``algo="reinforce"``), as S1's baseline did
+("without any algorithmic correction"); on an aligned stack at lag 0 that is REINFORCE Zero exactly
+(every IS weight is 1).
+
+- ``aligned`` (3 seeds): DeepSeek's 128x128-block FP8 weights on both sides (the learner fake-quantizes
+  fp32 masters, ``rl/stacks.py`` ``aligned-fp8-block``) on the aligned-native kernels.
+- ``fast`` (3 seeds): the published high-performance baseline (``fast-fp8-block``: a bf16 rollout on stock
+  kernels with block-FP8 weights, an FP8 KV cache and a bf16 head) against the same fp32-master learner.
+- ``aligned_torch``: ``aligned`` on the pure-torch aligned set, one seed: the zero holds on both sets.
+- ``default``: stock kernels on both sides in fp32 (re-association only), one seed: the inverse of the
+  zero-diff claim.
+
+Hyper-parameters: SFT lr 1e-3 (3e-3 left the SFT loss at 1.56 after 300 steps and reward 0), RL lr chosen
+on seed 0 by the aligned arm's held-out pass@1 from a short sweep (docs/learnability.md); the fast arm runs
+the same settings and seeds 1-2 ran untouched afterwards.
 """
 
 from __future__ import annotations
@@ -21,29 +31,30 @@ from zeromismatch.expt.spec import add_to_summary
 from zeromismatch.rl import RLConfig
 from zeromismatch.rl.stacks import stack_fields
 
+SEEDS = (0, 1, 2)
+STEPS = 200
+LR = 1e-4  # chosen on seed 0 by the aligned arm's held-out pass@1 (docs/learnability.md)
+NATIVE = "aligned-native"
+
 
 def _base(**changes) -> RLConfig:
     return RLConfig(
-        env="arithmetic", model="tiny-deepseek-v3", algo="reinforce_zero", steps=101,
-        prompts_per_step=4, group_size=4, max_new_tokens=4, sft_steps=800, lr=3e-4, eval_size=32, seed=0,
-        env_options={"max_digits": 1},
+        env="tools", model="tiny-deepseek-v3", algo="reinforce", steps=STEPS, prompts_per_step=8,
+        group_size=4, max_new_tokens=24, sft_steps=300, sft_lr=1e-3, lr=LR, eval_size=64, eval_samples=2,
+        eval_every=25, warm_start="shared", sft_seed=0, seed=0,
     ).replace(**changes)  # fmt: skip
 
 
 def mini() -> list[Arm]:
     return [
-        Arm("aligned", _base(**stack_fields("aligned-fp8-block")),
-            "aligned kernels, block-FP8 weights on engine and trainer"),
-        Arm("default", _base(kernels="default"), "stock kernels on both sides in fp32 (re-association only)"),
-        Arm(
-            "aligned_native",
-            _base(**stack_fields("aligned-fp8-block", kernels="aligned-native")),
-            "the aligned set with attention, scan, GEMMs, norms, rope, the SwiGLU product and MoE experts in "
-            "fixed-order C (kernels/native) on both sides, block-FP8 weights",
-        ),
-        Arm("fast", _base(**stack_fields("fast-fp8-block")),
+        Arm("aligned", _base(**stack_fields("aligned-fp8-block", kernels=NATIVE)),
+            "aligned-native kernels, block-FP8 weights on engine and trainer", seeds=SEEDS),
+        Arm("fast", _base(**stack_fields("fast-fp8-block", kernels=NATIVE)),
             "the high-performance baseline: bf16 stock-kernel rollout, block-FP8 weights, FP8 KV cache, bf16 "
-            "head, against the fp32-master aligned learner"),
+            "head, against the fp32-master aligned-native learner; no correction", seeds=SEEDS),
+        Arm("aligned_torch", _base(**stack_fields("aligned-fp8-block"), steps=101),
+            "the pure-torch aligned set on both sides, block-FP8 weights"),
+        Arm("default", _base(kernels="default"), "stock kernels on both sides in fp32 (re-association only)"),
     ]  # fmt: skip
 
 
@@ -68,10 +79,12 @@ def invariances(scale_dir: Path) -> None:
 
     from zeromismatch.commands.parity import run_parity
 
-    for arm in ("aligned", "default", "aligned_native", "fast"):
-        if not (scale_dir / arm / "summary.json").exists():
+    for arm in mini():
+        runs = [scale_dir / name for name, _ in arm.runs() if (scale_dir / name / "summary.json").exists()]
+        if not runs:
             continue
-        config = RLConfig.from_dict(json.loads((scale_dir / arm / "config.json").read_text()))
+        # seed-independent (one parity run at seed 0): measured once, filed with every seed
+        config = RLConfig.from_dict(json.loads((runs[0] / "config.json").read_text()))
         numerics = dict(
             kernels=config.kernels, rollout_kernels=config.rollout_kernels, dtype=config.dtype,
             quant=config.quant, rollout_dtype=config.rollout_dtype, rollout_quant=config.rollout_quant,
@@ -87,7 +100,8 @@ def invariances(scale_dir: Path) -> None:
                 values["layout_invariance_weights"] = "dense (quantized weights run at TP 1 only)"
             values[key] = run_parity("tiny-deepseek-v3", seed=0, num_prompts=6, max_tokens=8, temperature=1.0,
                                      **run_numerics, **options)["diff_max"]  # fmt: skip
-        add_to_summary(scale_dir / arm, values)
+        for run in runs:
+            add_to_summary(run, values)
 
 
 EXPERIMENT = Experiment(

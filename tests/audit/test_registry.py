@@ -231,3 +231,26 @@ def test_factor_needs_an_operand_rhs(results):
     _rewrite(results, "osworld_step_time", misuse)
     with pytest.raises(AuditInputError, match="has a factor but its rhs is a number"):
         load_registry(results)
+
+
+def _add_rule_change(words: str):
+    def edit(doc):
+        claim = next(c for c in doc["claims"] if c.get("test"))
+        claim["test"]["rule_changes"] = [
+            {"change": "reads the fast arm instead of the default arm", "claim_words": words,
+             "why": "the claim is about that arm"},
+        ]  # fmt: skip
+
+    return edit
+
+
+def test_a_rule_change_must_quote_the_claims_own_words(results):
+    _rewrite(results, "osworld_step_time", _add_rule_change("words the claim never says"))
+    with pytest.raises(AuditInputError, match="quotes 'words the claim never says', which is not in"):
+        load_registry(results)
+
+
+def test_a_rule_change_quoting_the_statement_loads(results):
+    statement = json.loads((PUBLISHED / "osworld_step_time.json").read_text())["claims"][0]["statement"]
+    _rewrite(results, "osworld_step_time", _add_rule_change("  ".join(statement.split()[:4])))
+    load_registry(results)

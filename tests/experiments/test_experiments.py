@@ -209,3 +209,14 @@ def test_launcher_rejects_out_root_that_is_a_file(tmp_path):
     )  # fmt: skip
     assert out.returncode == 2
     assert "not a directory" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_seeded_arm_runs_once_per_seed_under_its_name():
+    from zeromismatch.expt import Arm
+    from zeromismatch.rl import RLConfig
+
+    runs = Arm("fast", RLConfig(seed=7), seeds=(0, 2)).runs()
+    assert [(name, config.seed) for name, config in runs] == [("fast/seed0", 0), ("fast/seed2", 2)]
+    assert [(name, config.seed) for name, config in Arm("plain", RLConfig(seed=7)).runs()] == [("plain", 7)]
+    with pytest.raises(ValueError, match="seeds repeat"):
+        Arm("fast", RLConfig(), seeds=(1, 1)).runs()

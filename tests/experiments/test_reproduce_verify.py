@@ -20,7 +20,7 @@ FAKE_CONFIGS = """import types
 
 class _Experiment:
     def arms_for(self, scale):
-        return [types.SimpleNamespace(name=name) for name in ("a", "b")]
+        return [types.SimpleNamespace(name=n, runs=lambda n=n: [(n, None)]) for n in ("a", "b")]
 
 
 EXPERIMENT = _Experiment()
@@ -182,3 +182,15 @@ def test_a_fresh_directory_inside_results_is_refused(checkout, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         module.main([*ARGS, "--out", str(other / "results" / "fresh")])
     assert exit_info.value.code == 2
+
+
+def test_seeded_arms_are_compared_seed_by_seed(tmp_path, script):
+    for root in ("fresh", "committed"):
+        fabricate(tmp_path / root / "x" / "mini" / "plain")
+        for seed in (0, 1):
+            fabricate(tmp_path / root / "x" / "mini" / "fast" / f"seed{seed}", weights=f"w{seed}")
+    fabricate(tmp_path / "fresh" / "x" / "mini" / "fast" / "seed1", weights="other")
+    rows = script.compare_groups(tmp_path / "fresh", tmp_path / "committed", [("x/mini", 2)])
+    assert [(r.run, r.status) for r in rows] == [
+        ("x/mini/fast/seed0", "identical"), ("x/mini/fast/seed1", "differs"), ("x/mini/plain", "identical"),
+    ]  # fmt: skip

@@ -28,6 +28,7 @@ from zeromismatch.train.losses import (
     grpo,
     gspo,
     ppo_clip,
+    reinforce,
     reinforce_zero,
     tis,
 )
@@ -92,6 +93,32 @@ def test_reinforce_zero_value_and_gradient():
     assert math.isclose(out.stats["ratio_max"], 4.0, abs_tol=ATOL)  # unclipped: rho = 4 survives
     # median of the rho values [.5, 1, 1, 1, 1, 2, 2, 4] is 1
     assert math.isclose(out.stats["is_peak_over_median"], 4.0, abs_tol=ATOL)
+
+
+def test_reinforce_ignores_the_ratio_it_reports():
+    # weights 1: per-response sum A*l / |y|: -0.375, 1.0, 0.25, -0.53125 -> total 0.34375
+    batch = make_batch()
+    out = reinforce(batch)
+    assert_close(out.loss, -0.34375 / 4.0)
+    expected_grad = [
+        [-1 / 16, -1 / 16, 0.0], [1 / 8, 0.0, 0.0], [1 / 48, 1 / 48, 1 / 48], [-1 / 32, -1 / 32, 0.0],
+    ]  # fmt: skip
+    assert_close(grad_of(out, batch), expected_grad)
+    assert math.isclose(out.stats["is_peak_over_median"], 4.0, abs_tol=ATOL)  # measured, not applied
+    # inverse: with the same rollout logprobs REINFORCE Zero's gradient differs (it applies rho)
+    other = make_batch()
+    assert not torch.equal(grad_of(reinforce_zero(other), other), torch.tensor(expected_grad, dtype=F64))
+
+
+def test_reinforce_equals_reinforce_zero_on_policy():
+    # rho = 1 everywhere (rollout logprobs = the learner's): no correction and unclipped IS coincide
+    def on_policy():
+        batch = make_batch()
+        batch.rollout_logprobs = torch.where(batch.mask, batch.learner_logprobs.detach(), -math.inf)
+        return batch
+
+    first, second = on_policy(), on_policy()
+    assert torch.equal(grad_of(reinforce(first), first), grad_of(reinforce_zero(second), second))
 
 
 def test_tis_value_and_gradient():
@@ -242,7 +269,7 @@ def test_all_losses_registered_and_finite_on_float32():
         group_ids=batch.group_ids,
         advantages=batch.advantages.float(),
     )
-    assert set(LOSSES) == {"reinforce_zero", "grpo", "gspo", "ppo_clip", "tis"}
+    assert set(LOSSES) == {"reinforce_zero", "reinforce", "grpo", "gspo", "ppo_clip", "tis"}
     for name in LOSSES:
         out = compute_loss(name, batch32)
         out.loss.backward()

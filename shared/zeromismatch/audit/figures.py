@@ -242,15 +242,22 @@ def training_curves(plt, sns, title: str, sources: list[tuple[str, DataDir]], ou
 
 
 def _curve_sources(runs: list[Run]) -> dict[str, list[tuple[str, DataDir]]]:
-    """Per scale: every data dir once, labelled by its path below the scale directory."""
+    """Per scale: every data dir once, labelled by its path below the scale directory.
+
+    The scale group's unseeded arms are runs of their own (drawn as such); its seeded arms are not.
+    """
     by_scale: dict[str, list[tuple[str, DataDir]]] = {}
     for run in runs:
-        if run.is_scale_group:
-            continue
-        sources = by_scale.setdefault(run.scale, [])
-        if run.own:
-            sources.append((run.name, run.own))
-        sources.extend((f"{run.name}/{arm}", data) for arm, data in run.arms.items())
+        sources = []
+        if not run.is_scale_group:
+            if run.own:
+                sources.append((run.name, run.own))
+            sources.extend((f"{run.name}/{arm}", data) for arm, data in run.arms.items())
+        prefix = "" if run.is_scale_group else f"{run.name}/"
+        for arm, seeds in run.seeds.items():
+            sources.extend((f"{prefix}{arm}/{data.path.name}", data) for _, data in seeds)
+        if sources:
+            by_scale.setdefault(run.scale, []).extend(sources)
     return by_scale
 
 

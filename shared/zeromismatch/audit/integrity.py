@@ -2,7 +2,8 @@
 
 Checked for every *run directory* under ``results/reproduced/`` (a directory not under a hidden name,
 ``checkpoints/`` or ``wandb/``, holding config.json, metrics.jsonl, summary.json or provenance.json --
-the directories the audit reads, learnability seeds included):
+the directories the audit reads, at any depth: each ``seed<k>/`` of a seeded arm is one, as are the
+learnability seeds, while the seeded arm directory itself holds no run files and is none):
 
 - ``manifest.json`` is present and every file matches its sha256 there (:mod:`zeromismatch.manifest`);
 - ``provenance.json`` is present and a JSON object;

@@ -8,9 +8,13 @@ validates every file against that JSON Schema, then runs the checks a schema can
 - a derived value equals its formula (evaluated from published numbers only, rounded as stated);
 - operands fit the test's data: ``benchmark_key`` only with ``data: benchmark``, ``summary`` and
   ``metric`` only with ``data: run``; ``agg: all`` only inside ``exact_zero``;
-- a check's ``min_z`` (noise floor, see :mod:`.verdicts`) only with op ``> >= < <=`` and both sides
-  a ``mean``/``head_mean``/``tail_mean`` of a metrics series (the per-step values give its standard
-  error).
+- a check's ``min_z`` (noise floor, see :mod:`.verdicts`) only with op ``> >= < <=`` and either
+  both sides a ``mean``/``head_mean``/``tail_mean`` of a metrics series (the per-step values give
+  its standard error) or both sides ``over_seeds`` (the per-seed values give it), never one of each;
+- ``over_seeds`` (the mean over an arm's ``seed<k>/`` runs, see :mod:`.seeds`) only with an ``arm``
+  to read the seeds of; ``min_seeds`` only with ``over_seeds``;
+- every ``rule_changes`` entry quotes words that occur verbatim in the claim's ``statement``
+  (whitespace-normalised): a rule changes only to follow what the claim says.
 
 Any violation raises :class:`AuditInputError` naming the file. Nothing here reads reproduced data.
 """
@@ -148,10 +152,20 @@ NOISE_AGGS = ("mean", "head_mean", "tail_mean")
 
 
 def _check_min_z(path: Path, cid: str, check: dict) -> None:
-    """``min_z`` needs a standard error: both sides means of per-step series, a direction to test."""
+    """``min_z`` needs a standard error and a direction to test: both sides means of per-step
+    series (steps as samples), or both sides over seeds (seeds as samples)."""
     where = f"malformed claims file {path}: claim {cid}: check {check['label']!r} has min_z"
     if check["op"] == "==":
         raise AuditInputError(f"{where} but op '=='; min_z tests a direction (> >= < <=)")
+    seeded = {side: isinstance(check[side], dict) and "over_seeds" in check[side] for side in ("lhs", "rhs")}
+    if all(seeded.values()):
+        return
+    for side in ("lhs", "rhs"):
+        if seeded[side]:
+            raise AuditInputError(
+                f"{where} but only its {side} is over seeds; its samples must be alike on both sides "
+                f"(both over_seeds: seeds as samples; neither: steps as samples)"
+            )
     for side in ("lhs", "rhs"):
         operand = check[side]
         if not isinstance(operand, dict) or operand.get("agg") not in NOISE_AGGS or "abs_dev_from" in operand:
@@ -201,6 +215,13 @@ def _check_claim(path: Path, experiment: str, claim: dict, publications: dict[st
     test = claim.get("test")
     if test is None:
         return
+    statement = " ".join(claim["statement"].split())
+    for entry in test.get("rule_changes", []):
+        if " ".join(entry["claim_words"].split()) not in statement:
+            raise AuditInputError(
+                f"malformed claims file {path}: claim {cid}: rule change {entry['change']!r} quotes "
+                f"{entry['claim_words']!r}, which is not in the claim's statement"
+            )
     for check in test.get("checks", []):
         if "factor" in check and not isinstance(check["rhs"], dict):
             raise AuditInputError(
@@ -220,6 +241,13 @@ def _check_claim(path: Path, experiment: str, claim: dict, publications: dict[st
             raise AuditInputError(
                 f"malformed claims file {path}: claim {cid}: agg 'all' is only allowed in exact_zero"
             )
+        if "over_seeds" in operand and not operand.get("arm"):
+            raise AuditInputError(
+                f"malformed claims file {path}: claim {cid}: over_seeds needs an arm (its seeds are "
+                f"<arm>/seed<k>/ dirs)"
+            )
+        if "min_seeds" in operand and "over_seeds" not in operand:
+            raise AuditInputError(f"malformed claims file {path}: claim {cid}: min_seeds without over_seeds")
     for check in test.get("checks", []):
         if "min_z" in check:
             _check_min_z(path, cid, check)

@@ -9,6 +9,12 @@ as *candidates* for judging a claim:
 2. the scale directory itself, whose data-dir children are taken as arms (for experiments that
    write one run per arm, e.g. ``mini/aligned/`` and ``mini/default/``, as zeromismatch.rl does).
 
+A *seeded arm* is a directory with no data files of its own whose data-dir children are all named
+``seed<k>`` (``mini/fast/seed0/``, ``mini/fast/seed1/``, ...): one arm run on several seeds. It is
+an arm of the scale group (or, as ``<run>/<arm>/seed<k>/``, of its run), never a candidate of its
+own, and an operand reads it only through ``over_seeds`` (:mod:`.seeds`): the seeds of one arm
+are samples of one quantity, and a claim must say how to combine them.
+
 Directories whose names start with ``.`` are skipped: ``.<arm>.partial/`` is a run still being
 written, which judges nothing until it is renamed into place.
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +46,7 @@ JUDGED_SCALES = ("full", "mini")
 BENCHMARKS_DIR = "benchmarks"
 DEFAULT_WINDOW = 0.1
 _DATA_FILES = ("summary.json", "metrics.jsonl")
+SEED_DIR = re.compile(r"^seed([0-9]+)$")
 
 
 class MissingData(LookupError):
@@ -108,6 +116,7 @@ class Run:
     scale: str
     own: DataDir | None
     arms: dict[str, DataDir] = field(default_factory=dict)
+    seeds: dict[str, list[tuple[int, DataDir]]] = field(default_factory=dict)  # seeded arms, seed order
 
     @property
     def name(self) -> str:
@@ -122,7 +131,8 @@ class Run:
         return self.path.parent.name == self.experiment
 
     def data_dirs(self) -> list[DataDir]:
-        return ([self.own] if self.own else []) + list(self.arms.values())
+        seeded = [data for seeds in self.seeds.values() for _, data in seeds]
+        return ([self.own] if self.own else []) + list(self.arms.values()) + seeded
 
 
 def load_metrics(path: Path) -> list[dict]:
@@ -153,10 +163,45 @@ def _subdirs(path: Path) -> list[Path]:
     return sorted(children, key=lambda p: p.name)
 
 
+def seeded_arm(results_root: Path, path: Path) -> list[tuple[int, DataDir]] | None:
+    """``path``'s ``(seed, data dir)`` pairs in seed order when it is a seeded arm, else None.
+
+    A directory that mixes seed dirs with its own data files or with other data dirs is neither an
+    arm nor a run of arms: an AuditInputError, since either reading would be a guess.
+    """
+    children = [sub for sub in _subdirs(path) if _has_data(sub)]
+    seeded = [sub for sub in children if SEED_DIR.match(sub.name)]
+    if not seeded:
+        return None
+    names = ", ".join(sub.name for sub in seeded)
+    if _has_data(path):
+        raise AuditInputError(
+            f"malformed run directory {path}: holds data files of its own and seed dirs ({names}); "
+            f"a seeded arm keeps its data in seed<k>/ only"
+        )
+    others = [sub.name for sub in children if sub not in seeded]
+    if others:
+        raise AuditInputError(
+            f"malformed seeded arm {path}: holds seed dirs ({names}) and other data dirs "
+            f"({', '.join(others)})"
+        )
+    by_seed: dict[int, DataDir] = {}
+    for sub in seeded:
+        seed = int(SEED_DIR.match(sub.name).group(1))
+        if seed in by_seed:
+            raise AuditInputError(
+                f"malformed seeded arm {path}: {by_seed[seed].path.name}/ and {sub.name}/ are both "
+                f"seed {seed}"
+            )
+        by_seed[seed] = DataDir(results_root, sub)
+    return sorted(by_seed.items())
+
+
 def all_runs(results_root: Path, experiment: str) -> list[Run]:
     """Every candidate of an experiment at every scale: runs (name descending), then the scale group.
 
-    Data dirs are shared between a run and the scale group, so each file is parsed once.
+    Data dirs are shared between a run and the scale group, so each file is parsed once. A seeded
+    arm directly under the scale directory is an arm of the scale group only.
     """
     base = results_root / "reproduced" / experiment
     if not base.is_dir():
@@ -164,16 +209,28 @@ def all_runs(results_root: Path, experiment: str) -> list[Run]:
     runs = []
     for scale_dir in _subdirs(base):
         group_arms: dict[str, DataDir] = {}
+        group_seeds: dict[str, list[tuple[int, DataDir]]] = {}
         for run_dir in reversed(_subdirs(scale_dir)):
+            seeds = seeded_arm(results_root, run_dir)
+            if seeds is not None:
+                group_seeds[run_dir.name] = seeds
+                continue
             own = DataDir(results_root, run_dir) if _has_data(run_dir) else None
-            arms = {sub.name: DataDir(results_root, sub) for sub in _subdirs(run_dir) if _has_data(sub)}
-            if own or arms:
-                runs.append(Run(results_root, run_dir, experiment, scale_dir.name, own, arms))
+            arms: dict[str, DataDir] = {}
+            run_seeds: dict[str, list[tuple[int, DataDir]]] = {}
+            for sub in _subdirs(run_dir):
+                if _has_data(sub):
+                    arms[sub.name] = DataDir(results_root, sub)
+                elif (seeds := seeded_arm(results_root, sub)) is not None:
+                    run_seeds[sub.name] = seeds
+            if own or arms or run_seeds:
+                runs.append(Run(results_root, run_dir, experiment, scale_dir.name, own, arms, run_seeds))
             if own:
                 group_arms[run_dir.name] = own
-        if group_arms:
+        if group_arms or group_seeds:
             arms = dict(sorted(group_arms.items()))
-            runs.append(Run(results_root, scale_dir, experiment, scale_dir.name, None, arms))
+            seeded = dict(sorted(group_seeds.items()))
+            runs.append(Run(results_root, scale_dir, experiment, scale_dir.name, None, arms, seeded))
     return runs
 
 
@@ -294,6 +351,15 @@ class Resolved:
     commits: set[str] = field(default_factory=set)  # commits of a derived value (add_to_summary)
     source: str = ""  # e.g. "reproduced/x/mini/r/metrics.jsonl default.k3_kl tail_mean of 12 of 120 steps"
     data: DataDir | None = None
+    # over_seeds: each seed's own value in seed order (``samples`` then holds these values), and
+    # the seed data dirs read (``data`` is then None: no one dir holds the value)
+    per_seed: list[tuple[int, float]] | None = None
+    seed_data: list[DataDir] = field(default_factory=list)
+
+    @property
+    def data_dirs(self) -> list[DataDir]:
+        """Every data dir the value was read from."""
+        return list(self.seed_data) if self.seed_data else [self.data] if self.data is not None else []
 
 
 def operand_label(operand: dict) -> str:
@@ -308,6 +374,8 @@ def operand_label(operand: dict) -> str:
         text = f"{arm}{operand['metric']} ({operand['agg']})"
     if "abs_dev_from" in operand:
         text = f"|{text} - {operand['abs_dev_from']:g}|"
+    if "over_seeds" in operand:
+        text = f"{text}, {operand['over_seeds']} over seeds"
     return text
 
 
@@ -372,9 +440,9 @@ def _places(run: Run, arm: str | None) -> list[tuple[DataDir, bool]]:
     return places
 
 
-def _resolve_summary(operand: dict, run: Run, label: str) -> Resolved:
+def _resolve_summary(operand: dict, places: list[tuple[DataDir, bool]], label: str, where: str) -> Resolved:
     arm, key = operand.get("arm"), operand["summary"]
-    for data, prefixed in _places(run, arm):
+    for data, prefixed in places:
         name = f"{arm}.{key}" if arm and prefixed else key
         try:
             value = lookup_key(data.summary, name, f"summary.json {data.path / 'summary.json'}")
@@ -388,12 +456,12 @@ def _resolve_summary(operand: dict, run: Run, label: str) -> Resolved:
             inputs = record.get("inputs") if isinstance(record.get("inputs"), dict) else {}
             resolved.commits = {str(c) for c in (record.get("git_commit"), *inputs.values()) if c}
         return resolved
-    raise MissingData(f"{run.rel} records no summary key {(arm + '.') if arm else ''}{key}")
+    raise MissingData(f"{where} records no summary key {(arm + '.') if arm else ''}{key}")
 
 
-def _resolve_metric(operand: dict, run: Run, label: str) -> Resolved:
+def _resolve_metric(operand: dict, places: list[tuple[DataDir, bool]], label: str, where: str) -> Resolved:
     metric, arm, agg = operand["metric"], operand.get("arm"), operand["agg"]
-    for data, prefixed in _places(run, arm):
+    for data, prefixed in places:
         series = metric_series(data, metric, arm, prefixed)
         if not series:
             continue
@@ -421,7 +489,21 @@ def _resolve_metric(operand: dict, run: Run, label: str) -> Resolved:
                 resolved.nonfinite = sum(1 for v in read if unusable(v))
         resolved.source = f"{data.rel}metrics.jsonl {name} {detail}"
         return resolved
-    raise MissingData(f"{run.rel} has no metrics series {(arm + '.') if arm else ''}{metric}")
+    raise MissingData(f"{where} has no metrics series {(arm + '.') if arm else ''}{metric}")
+
+
+def _deviation(operand: dict, resolved: Resolved) -> Resolved:
+    if "abs_dev_from" in operand:
+        resolved.value = abs(resolved.value - operand["abs_dev_from"])
+    return resolved
+
+
+def resolve_in(operand: dict, places: list[tuple[DataDir, bool]], label: str, where: str) -> Resolved:
+    """A run operand's value from the first of ``places`` that records it (``where`` names them in
+    MissingData); ``abs_dev_from`` applied."""
+    if "summary" in operand:
+        return _deviation(operand, _resolve_summary(operand, places, label, where))
+    return _deviation(operand, _resolve_metric(operand, places, label, where))
 
 
 def resolve_operand(operand: dict, run: Run | None = None, benchmark: Benchmark | None = None) -> Resolved:
@@ -432,12 +514,11 @@ def resolve_operand(operand: dict, run: Run | None = None, benchmark: Benchmark 
             raise MissingData("no benchmark file")
         value = lookup_key(benchmark.data, operand["benchmark_key"], f"benchmark file {benchmark.path}")
         resolved = Resolved(label, value, source=f"{benchmark.rel} {operand['benchmark_key']}")
-    elif run is None:
+        return _deviation(operand, resolved)
+    if run is None:
         raise MissingData("no run")
-    elif "summary" in operand:
-        resolved = _resolve_summary(operand, run, label)
-    else:
-        resolved = _resolve_metric(operand, run, label)
-    if "abs_dev_from" in operand:
-        resolved.value = abs(resolved.value - operand["abs_dev_from"])
-    return resolved
+    if "over_seeds" in operand or operand.get("arm") in run.seeds:
+        from .seeds import resolve_over_seeds  # seeds.py builds on this module
+
+        return resolve_over_seeds(operand, run, label)
+    return resolve_in(operand, _places(run, operand.get("arm")), label, run.rel)

@@ -13,7 +13,15 @@ would produce it. With data:
 - a check with ``min_z`` (both sides means of per-step series: two arms, or head vs tail windows
   of one arm) must also clear noise: the difference in the claimed direction must be at least
   ``min_z`` standard errors of the difference (Welch, each step one sample; see :func:`welch_z`).
-  The z is reported in the verdict's reason either way.
+  The z is reported in the verdict's reason either way. With both sides ``over_seeds``
+  (:mod:`.seeds`) each seed is one sample instead: a noise floor at the level of seeds.
+
+An operand ``over_seeds`` stands for the mean over its arm's seeds; its measured entry gives each
+seed's value and their spread, and as exact_zero it must be 0 on every seed (not merely on average).
+
+Data a claim reads must be comparable, or the verdict is not-run: every data dir from one git
+commit, and, when any records the weights RL started from (summary ``warm_start_sha256``), every
+one from the same warm start -- otherwise a difference between arms need not be one of numerics.
 
 All hold -> ``reproduced-exact`` (rule ``exact``) or ``reproduced-direction`` (rule ``direction``);
 anything fails -> ``not-reproduced``, with the failing parts and their measured values. No value is
@@ -29,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .registry import Registry, iter_operands
+from .registry import AuditInputError, Registry, iter_operands
 from .runs import (
     JUDGED_SCALES,
     Benchmark,
@@ -124,14 +132,16 @@ def welch_z(lhs: Resolved, rhs: Resolved, factor: float, op: str, min_z: float) 
     Both operands are means of per-step values (``Resolved.samples``); each step counts as one
     independent sample (Welch: SE = sqrt(var_l / n_l + factor^2 var_r / n_r), sample variances).
     Steps of a training curve are autocorrelated, so this SE is, if anything, too small: min_z is
-    a floor against noise, not a significance test. Returns (z, text); z is None with fewer than
-    two samples on a side, NaN when both spreads and the difference are 0.
+    a floor against noise, not a significance test. Operands over seeds are means of per-seed
+    values instead, and each seed is one sample. Returns (z, text); z is None with fewer than two
+    samples on a side, NaN when both spreads and the difference are 0.
     """
     left, right = lhs.samples or [], rhs.samples or []
+    unit = "seeds" if lhs.per_seed is not None and rhs.per_seed is not None else "steps"
     if len(left) < 2 or len(right) < 2:
-        return None, f"z undefined: needs at least 2 steps on each side, has {len(left)} and {len(right)}"
+        return None, f"z undefined: needs at least 2 {unit} on each side, has {len(left)} and {len(right)}"
     if not all(math.isfinite(v) for v in (*left, *right)):
-        return None, "z undefined: non-finite step values (no standard error exists)"
+        return None, f"z undefined: non-finite {unit[:-1]} values (no standard error exists)"
     sign = 1.0 if op in (">", ">=") else -1.0
     difference = sign * (lhs.value - factor * rhs.value)
     variance = np.var(left, ddof=1) / len(left) + factor**2 * np.var(right, ddof=1) / len(right)
@@ -142,9 +152,17 @@ def welch_z(lhs: Resolved, rhs: Resolved, factor: float, op: str, min_z: float) 
         z = math.copysign(math.inf, difference) if difference != 0 and math.isfinite(difference) else math.nan
     text = (
         f"z = {_fmt(z)}: difference {_fmt(difference)} over its standard error {_fmt(error)} "
-        f"(Welch, {len(left)} vs {len(right)} steps as samples); needs z >= {min_z:g}"
+        f"(Welch, {len(left)} vs {len(right)} {unit} as samples); needs z >= {min_z:g}"
     )
     return z, text
+
+
+def _source(got: Resolved) -> str:
+    """Where a measured value was read; over seeds, also how far apart the seeds lie."""
+    if not got.per_seed:
+        return got.source
+    values = [value for _, value in got.per_seed]
+    return f"{got.source}; spread {_fmt(min(values))}..{_fmt(max(values))} across seeds"
 
 
 def _nonfinite_reason(lhs: Resolved, rhs: Resolved | None) -> str | None:
@@ -188,14 +206,28 @@ def _judge(claim: dict, resolve) -> _Judged:
             nonfinite = sum(1 for v in got.values if not math.isfinite(v))
             ok = nonzero == 0 and got.missing == 0
             steps = got.steps if steps is None else min(steps, got.steps or 0)
-            text = f"max |value| {_fmt(got.value)} over {got.steps} steps; {nonzero} steps nonzero"
+            over = f"{got.steps} steps"
+            if got.per_seed is not None:
+                seeds = len(got.per_seed)
+                over = f"{len(got.values)} step values of {seeds} seeds (at least {got.steps} steps each)"
+            text = f"max |value| {_fmt(got.value)} over {over}; {nonzero} steps nonzero"
             if nonfinite:
                 text += f" ({nonfinite} of them non-finite)"
             if got.missing:
                 text += f"; {got.missing} steps recorded null or missing"
             if not ok:
                 failures.append(f"{got.label} not zero at every step ({text})")
-            measured.append(Measured(got.label, got.value, f"{got.source} ({text})", ok))
+            measured.append(Measured(got.label, got.value, f"{_source(got)} ({text})", ok))
+        elif got.per_seed is not None:
+            # a mean of 0 could hide seeds of opposite sign: "exactly 0" must hold on each seed
+            nonzero = [seed for seed, value in got.per_seed if not value == 0.0]
+            ok = not nonzero
+            if not ok:
+                failures.append(
+                    f"{got.label} = {_fmt(got.value)}, not exactly 0 on every seed "
+                    f"(nonzero on {len(nonzero)} of {len(got.per_seed)} seeds)"
+                )
+            measured.append(Measured(got.label, got.value, _source(got), ok))
         else:
             ok = got.value == 0.0
             if not ok:
@@ -243,9 +275,9 @@ def _judge(claim: dict, resolve) -> _Judged:
             else:
                 notes.append(f"{check['label']}: {text}")
             ok = ok and clear
-        measured.append(Measured(lhs.label, lhs.value, lhs.source, ok))
+        measured.append(Measured(lhs.label, lhs.value, _source(lhs), ok))
         if rhs is not None:
-            measured.append(Measured(rhs.label, rhs.value, rhs.source, ok))
+            measured.append(Measured(rhs.label, rhs.value, _source(rhs), ok))
             if lhs.value and rhs.value and math.isfinite(lhs.value) and math.isfinite(rhs.value):
                 measured.append(
                     Measured(f"ratio {lhs.label} / {rhs.label}", lhs.value / rhs.value, "computed", None)
@@ -269,6 +301,43 @@ def _verdict_from(claim: dict, judged: _Judged) -> tuple[str, str]:
         return NOT_RUN, "; ".join(judged.undecided)
     kind = REPRODUCED_EXACT if claim["test"]["rule"] == "exact" else REPRODUCED_DIRECTION
     return kind, "; ".join(["every condition holds on the measured data", *judged.notes])
+
+
+WARM_START = "warm_start_sha256"
+
+
+def _warm_start_problem(data_dirs: list) -> str | None:
+    """Why the data dirs are not shown to start RL from one set of weights, or None.
+
+    Only when some data dir records a warm start: runs that record none anywhere are judged as before.
+    """
+    recorded = {}
+    for data in data_dirs:
+        value = data.summary.get(WARM_START)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise AuditInputError(
+                f"malformed summary.json {data.path / 'summary.json'}: {WARM_START} should be a hash, "
+                f"got {value!r}"
+            )
+        recorded[data.rel] = value
+    hashes = sorted({value for value in recorded.values() if value is not None})
+    if not hashes:
+        return None
+    problems = []
+    if len(hashes) > 1:
+        problems.append(
+            f"its arms start RL from {len(hashes)} different warm starts "
+            f"({', '.join(h[:7] for h in hashes)}): a difference between arms would not be a difference "
+            f"between numerics"
+        )
+    unrecorded = [rel for rel, value in recorded.items() if value is None]
+    if unrecorded:
+        problems.append(
+            f"{len(unrecorded)} of the {len(recorded)} data dirs it reads record no {WARM_START} "
+            f"({', '.join(unrecorded)}) while the others do: their arms are not shown to start RL from "
+            f"one warm start"
+        )
+    return "; ".join(problems)
 
 
 def evaluate_claim(claim: dict, results_root: Path, run_cache: dict | None = None) -> Verdict:
@@ -315,27 +384,32 @@ def evaluate_claim(claim: dict, results_root: Path, run_cache: dict | None = Non
         except MissingData as missing:
             lacking.append(str(missing))
             continue
+        data_dirs = list({id(d): d for r in used for d in r.data_dirs}.values())
         data_commits = {
-            str(r.data.provenance.get("git_commit"))
-            for r in used
-            if r.data is not None and r.data.provenance and r.data.provenance.get("git_commit")
+            str(d.provenance.get("git_commit"))
+            for d in data_dirs
+            if d.provenance and d.provenance.get("git_commit")
         }
         all_commits = sorted(data_commits.union(*(r.commits for r in used)))
         judged = _judge(claim, lambda op, run=run: resolve_operand(op, run=run))
         base.verdict, base.reason = _verdict_from(claim, judged)
+        incomparable = []
         if len(all_commits) > 1:
             # arms (or a postprocess over them) from different commits: a re-run in progress or a stale
             # arm; the code between them may have changed what a metric means
-            base.verdict = NOT_RUN
-            base.reason = (
+            incomparable.append(
                 f"its data come from {len(all_commits)} commits ({', '.join(c[:7] for c in all_commits)}); "
                 f"rerun the arms together: {test['command']} --force"
             )
+        warm_start = _warm_start_problem(data_dirs)
+        if warm_start:
+            incomparable.append(warm_start)
+        if incomparable:
+            base.verdict, base.reason = NOT_RUN, "; ".join(incomparable)
         base.measured, base.speed_ratio = judged.measured, judged.speed_ratio
         base.run, base.scale = run.rel, run.scale
         counted = [r.steps for r in used if r.steps is not None]
         base.steps = judged.steps if judged.steps is not None else (max(counted) if counted else None)
-        data_dirs = list({id(r.data): r.data for r in used if r.data is not None}.values())
         recorded = [d for d in data_dirs if d.provenance]
         if recorded:
             base.provenance = _provenance_digest(recorded[0].provenance)

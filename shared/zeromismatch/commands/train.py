@@ -43,6 +43,10 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--sft-steps", type=int, default=0, help="supervised warm start on env demonstrations")
+    p.add_argument("--warm-start", default="own", choices=("own", "shared"),
+                   help="own: SFT in this run's numerics; shared: one fp32 aligned SFT per recipe, cached in "
+                        "runs/warm_starts/ and loaded by every run with that recipe")  # fmt: skip
+    p.add_argument("--sft-seed", type=int, default=None, help="shared warm start seed (default: --seed)")
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--eval-size", type=int, default=32)
     p.add_argument(
@@ -79,7 +83,8 @@ def run(args) -> int:
             seed=args.seed,
             prompts_per_step=args.prompts_per_step, group_size=args.group_size,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-            top_p=args.top_p, lr=args.lr, sft_steps=args.sft_steps, eval_every=args.eval_every,
+            top_p=args.top_p, lr=args.lr, sft_steps=args.sft_steps, warm_start=args.warm_start,
+            sft_seed=args.sft_seed, eval_every=args.eval_every,
             eval_size=args.eval_size, eval_samples=args.eval_samples, checkpoint_every=args.checkpoint_every,
             keep_checkpoints=args.keep_checkpoints, executor=args.executor, update_mode=args.update_mode,
             wandb=args.wandb,

@@ -19,6 +19,10 @@ the patch *solves* the task (``info["solved"]``, what held-out pass@1 counts) is
 reward, on 200 hidden inputs per template: the patched function must compute the correct one on all.
 
 Split: by the fix itself (``split_key``), so no held-out task's answer is ever a training target.
+
+``procedural=True`` (``env_options={"procedural": True}``) selects the variant of
+``code_repair_procedural.py`` instead: identifiers and constants drawn per task, an issue line in place
+of the visible tests, held-out identifier sets as the split; the default variant is unchanged by it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from zeromismatch.envs import code_repair_procedural as procedural_variant
 from zeromismatch.envs.base import Env, StepResult, Task
 
 __all__ = ["TEMPLATES", "CodeRepairEnv", "RepairTemplate"]
@@ -191,16 +196,28 @@ class CodeRepairEnv(Env):
     name = "code_repair"
     max_turns = 1
 
-    def __init__(self, num_tests: int = 5, templates: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self, num_tests: int = 5, templates: tuple[str, ...] | None = None, procedural: bool = False
+    ) -> None:
         super().__init__()
-        if not 1 <= num_tests <= 20:
-            raise ValueError(f"num_tests must be in 1..20, got {num_tests}")
-        names = tuple(_BY_NAME) if templates is None else tuple(templates)
-        unknown = [name for name in names if name not in _BY_NAME]
+        if not isinstance(procedural, bool):
+            raise ValueError(f"procedural must be a bool, got {procedural!r}")
+        if isinstance(num_tests, bool) or not isinstance(num_tests, int) or not 1 <= num_tests <= 20:
+            raise ValueError(f"num_tests must be an int in 1..20, got {num_tests!r}")
+        table = procedural_variant.BY_NAME if procedural else _BY_NAME
+        if isinstance(templates, str):  # tuple("fold") would be five one-letter names
+            templates = (templates,)
+        names = tuple(table) if templates is None else tuple(templates)
+        unknown = [name for name in names if name not in table]
         if unknown or not names:
-            raise ValueError(f"unknown templates {unknown}; choose from {sorted(_BY_NAME)}")
+            variant = "procedural " if procedural else ""
+            raise ValueError(f"unknown {variant}templates {unknown}; choose from {sorted(table)}")
         self.num_tests = num_tests
         self.template_names = names
+        self.procedural = procedural
+        if procedural:
+            # every fix carries names drawn per task, so each split holds tasks of every template
+            return
         # the split is by fix (split_key), and a template has one fix per editable line: a template set
         # whose fixes all hash to one split has no task on the other side (factorial alone: no eval fix)
         sides = {self.split_of_key(fix) for fix in self._fixes()}
@@ -211,6 +228,13 @@ class CodeRepairEnv(Env):
             )
 
     def _make_task(self, rng: random.Random) -> Task:
+        if self.procedural:
+            template = procedural_variant.BY_NAME[rng.choice(self.template_names)]
+            parts = procedural_variant.make_task_parts(template, rng, self.num_tests)
+            if parts is None:  # these tests tell no bug apart from the correct function; draw another task
+                return self._make_task(rng)
+            prompt, data = parts
+            return Task(prompt=prompt, answer=dict(data["correct"]), data=data)
         template = _BY_NAME[rng.choice(self.template_names)]
         tests = []
         for _ in range(self.num_tests):
@@ -249,10 +273,15 @@ class CodeRepairEnv(Env):
         # fix (factorial's start=0, start=2 and end=0 all take "3|for i in range(1, n + 1):"), and two
         # templates can share a fixed line; keyed by the buggy function, 46 of 64 held-out tasks had
         # their exact fix among the training targets and a (template, line) lookup scored 0.72.
+        if self.procedural:
+            return procedural_variant.identifier_key(self._demonstrate(task)[0])
         return self._demonstrate(task)[0]
 
     def candidate_edits(self, task: Task, line_number: int) -> dict[str, dict[str, str]]:
         """Every allowed new text of a line (stripped) -> the full slot assignment it stands for."""
+        if self.procedural:
+            template = procedural_variant.BY_NAME[task.data["template"]]
+            return procedural_variant.candidate_edits(template, task.data, line_number)
         template = _BY_NAME[task.data["template"]]
         index = line_number - 1
         if not 0 <= index < len(template.lines):
@@ -276,13 +305,22 @@ class CodeRepairEnv(Env):
         assignment = self.candidate_edits(task, line_number).get(text)
         if assignment is None:
             return StepResult("", 0.0, True, {"error": f"not an allowed edit of line {line_number}"})
-        template = _BY_NAME[task.data["template"]]
         tests = task.data["tests"]
+        if self.procedural:
+            template = procedural_variant.BY_NAME[task.data["template"]]
+            passed = procedural_variant.run_tests(template, assignment, tests)
+            solved = procedural_variant.equivalent(template, assignment, task.data["correct"])
+            info = {"passed": passed, "tests": len(tests), "solved": solved}
+            return StepResult("", passed / len(tests), True, info)
+        template = _BY_NAME[task.data["template"]]
         passed = run_tests(template, assignment, tests)
         info = {"passed": passed, "tests": len(tests), "solved": _equivalent(template, assignment)}
         return StepResult("", passed / len(tests), True, info)
 
     def _demonstrate(self, task: Task) -> list[str]:
+        if self.procedural:
+            template = procedural_variant.BY_NAME[task.data["template"]]
+            return [procedural_variant.fix_action(template, task.data)]
         template = _BY_NAME[task.data["template"]]
         slot = task.data["bug_slot"]
         index = next(i for i in range(len(template.lines)) if slot in template.slots_of_line(i))

@@ -266,27 +266,32 @@ def _run_experiment(
             raise ValueError(f"unknown arm(s) {unknown}; {experiment.name}/{scale} has {have}")
         chosen = [a for a in chosen if a.name in arms]
     results = {}
-    for arm in chosen:
-        final = out_root / experiment.name / scale / arm.name
+    runs = [(name, dataclasses.replace(arm, config=config)) for arm in chosen for name, config in arm.runs()]
+    for index, (name, run) in enumerate(runs):
+        final = out_root / experiment.name / scale / name
+        where = f"{experiment.name}/{scale}/{name}"
         if (final / "summary.json").exists() and not force:
-            print(f"{experiment.name}/{scale}/{arm.name}: done already (--force reruns it)")
+            print(f"{where}: done already (--force reruns it)")
             continue
         if dry_run:
-            print(f"{experiment.name}/{scale}/{arm.name}: would run {arm.config.to_dict()}")
+            print(f"{where}: would run {run.config.to_dict()}")
             continue
+        if not quiet:
+            print(f"{where}: run {index + 1} of {len(runs)}", flush=True)
         start = time.perf_counter()
         if cluster == "inline":
-            summary = run_arm(arm, str(final), quiet)
+            summary = run_arm(run, str(final), quiet)
         else:
             from ..launch.submit import submit
 
             job = submit(
-                run_arm, arm, str(final), True, cluster=cluster, profile=profile or MINI_PROFILE,
-                folder=out_root / SUBMITIT_DIR / experiment.name, job_name=f"{experiment.name}.{arm.name}",
+                run_arm, run, str(final), True, cluster=cluster, profile=profile or MINI_PROFILE,
+                folder=out_root / SUBMITIT_DIR / experiment.name,
+                job_name=f"{experiment.name}.{name.replace('/', '.')}",
             )  # fmt: skip
             summary = job.result()
-        results[arm.name] = summary
-        print(f"{experiment.name}/{scale}/{arm.name}: done in {time.perf_counter() - start:.0f} s")
+        results[name] = summary
+        print(f"{where}: done in {time.perf_counter() - start:.0f} s")
     scale_dir = out_root / experiment.name / scale
     if experiment.postprocess is not None and not dry_run and scale_dir.exists():
         experiment.postprocess(scale_dir)

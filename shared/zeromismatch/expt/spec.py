@@ -15,11 +15,24 @@ SCALES = ("smoke", "mini", "full")
 
 @dataclass(frozen=True)
 class Arm:
-    """One run of an experiment; ``name`` becomes its run directory and the audit's arm name."""
+    """One arm of an experiment; ``name`` becomes its run directory and the audit's arm name.
+
+    ``seeds`` empty: one run, ``<name>/``, with ``config.seed``. Otherwise one run per seed,
+    ``<name>/seed<k>/`` with ``config.seed = k`` (the audit's seeded-arm layout; a claim combines
+    them with ``over_seeds``). With a shared warm start every seed starts from the same weights."""
 
     name: str
     config: RLConfig
     note: str = ""
+    seeds: tuple[int, ...] = ()
+
+    def runs(self) -> list[tuple[str, RLConfig]]:
+        """(run directory relative to the scale directory, config) of each run of this arm."""
+        if not self.seeds:
+            return [(self.name, self.config)]
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"arm {self.name}: seeds repeat: {self.seeds}")
+        return [(f"{self.name}/seed{seed}", self.config.replace(seed=seed)) for seed in self.seeds]
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from ..io import atomic_write_json
 from ..manifest import write_manifest
 from .config import RLConfig
 from .learner import Learner, state_snapshot, weights_hash
-from .loop import RolloutWorker, Run, eval_task_seeds, evaluate, run_sft, step_record, summarize
+from .loop import RolloutWorker, Run, eval_task_seeds, evaluate, step_record, summarize
+from .warm_start import apply_warm_start, cache_root, provenance_entry
 
 #: tests: ``"<batch>:<marker file>"`` kills the rollout actor's process when it starts that batch, once
 #: (the marker file records that it happened), to show the restart path
@@ -79,9 +80,9 @@ class _LearnerActor:
         self.learner = Learner(self.config)
         self.last_step_end: float | None = None
 
-    def warm_start(self):
-        losses = run_sft(self.config, self.learner)
-        return losses, evaluate(self.config, self.learner), state_snapshot(self.learner.model)
+    def warm_start(self, cache_root: str):
+        record = apply_warm_start(self.config, self.learner, root=Path(cache_root))
+        return record, evaluate(self.config, self.learner), state_snapshot(self.learner.model)
 
     def step(self, rollout_output, snapshot, evaluate_after: bool = False):
         # Ray resolves ``rollout_output`` before this call starts, so the gap since the previous
@@ -151,6 +152,8 @@ class RayRun(Run):
         # a RayActorError) and before anything is written. They are tiny at the scales this executor runs.
         Learner(c), RolloutWorker(c)
         record = _provenance.run_provenance(c)
+        if c.warm_start == "shared":
+            record["warm_start"] = provenance_entry(c, self.quiet)
         init_ray()
         _check_cluster_cpus()
         atomic_write_json(self.out / "config.json", c.to_dict())
@@ -173,7 +176,8 @@ class RayRun(Run):
         from tqdm import tqdm
 
         c = self.config
-        sft_losses, eval_before, weights0 = ray.get(learner.warm_start.remote())
+        # the driver's cache (its checkout's runs/warm_starts): an actor's working directory may be another
+        warm, eval_before, weights0 = ray.get(learner.warm_start.remote(str(cache_root())))
         # The whole step graph is submitted as object references, so neither actor ever waits
         # on the driver: rollout b depends on the weights output of learner step v(b) − 1,
         # learner step s on rollout s, and Ray runs each actor's calls in submission order.
@@ -216,7 +220,7 @@ class RayRun(Run):
         wall = time.perf_counter() - wall_start
         (digest, eval_after), cache_stats = ray.get([learner.finish.remote(), rollout.cache_stats.remote()])
         records = self._records()
-        summary = summarize(records, digest, eval_before, eval_after, sft_losses)
+        summary = summarize(records, digest, eval_before, eval_after, warm["sft_losses"], warm)
         summary.update(cache_stats)
         summary.update(
             executor="ray", rollout_actor_restarts=len(incarnations) - 1, time_wall_s=wall,

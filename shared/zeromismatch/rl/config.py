@@ -24,7 +24,7 @@ from ..engine.sampling_params import SamplingParams
 from ..train.losses import LOSSES
 from .stacks import NUMERICS_FIELDS, numerics_problems
 
-ALGOS = ("reinforce_zero", "grpo", "gspo", "ppo_clip", "tis")
+ALGOS = ("reinforce_zero", "reinforce", "grpo", "gspo", "ppo_clip", "tis")
 EXECUTORS = ("inprocess", "ray")
 UPDATE_MODES = ("keep", "wait", "abort")
 #: config.json keys of earlier versions -> today's field
@@ -58,6 +58,10 @@ class RLConfig:
     grad_clip: float = 1.0  # 0 disables clipping; the pre-clip norm is always logged
     seed: int = 0
     sft_steps: int = 0  # supervised warm start on env demonstrations before RL
+    # "own": this run's SFT, in its learner's numerics; "shared": one SFT per recipe, in fp32 aligned
+    # numerics, cached and loaded by every run with that recipe (rl/warm_start.py)
+    warm_start: str = "own"
+    sft_seed: int | None = None  # the shared warm start's seed (None: seed); arms x seeds share one
     sft_batch: int = 16
     sft_lr: float = 3e-3
     eval_every: int = 0  # 0: evaluate only before and after RL
@@ -97,6 +101,15 @@ class RLConfig:
             raise bad("algo", f"must be one of {ALGOS}")
         if self.executor not in EXECUTORS:
             raise bad("executor", f"must be one of {EXECUTORS}")
+        from .warm_start import WARM_START_MODES
+
+        if self.warm_start not in WARM_START_MODES:
+            raise bad("warm_start", f"must be one of {WARM_START_MODES}")
+        if self.sft_seed is not None and (self.warm_start != "shared" or not isinstance(self.sft_seed, int)
+                                          or isinstance(self.sft_seed, bool)):  # fmt: skip
+            raise bad("sft_seed", "is an int, and only for warm_start='shared' (an own warm start uses seed)")
+        if self.warm_start == "shared" and self.sft_steps == 0:
+            raise bad("warm_start", "'shared' needs sft_steps > 0 (there is no warm start to share)")
         if self.update_mode not in UPDATE_MODES:
             raise bad("update_mode", f"must be one of {UPDATE_MODES}")
         for name, why in numerics_problems({key: getattr(self, key) for key in NUMERICS_FIELDS}):

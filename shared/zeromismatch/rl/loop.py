@@ -38,6 +38,7 @@ from ..train import checkpoint as ckpt
 from .config import RLConfig
 from .learner import Learner, build_policy, state_snapshot, weights_hash
 from .rollout import collect_episodes, demonstration_tokens
+from .warm_start import apply_warm_start, provenance_entry
 
 _CRASH_AFTER_STEP_ENV = "ZM_CRASH_AFTER_STEP"  # tests: simulate a kill after a step is logged
 #: what a resumable checkpoint's state.pt holds (``Run._save``); a warm start saved alone holds only "model"
@@ -369,6 +370,8 @@ class Run:
         learner = Learner(c)
         worker = RolloutWorker(c)
         record = _provenance.run_provenance(c)  # resolves the kernel sets (a native build) before any write
+        if c.warm_start == "shared":
+            record["warm_start"] = provenance_entry(c, self.quiet)
 
         history = WeightHistory()
         start_step, extra = 0, {}
@@ -379,8 +382,8 @@ class Run:
         self._truncate_metrics(start_step)  # a malformed metrics.jsonl fails before the start is recorded
         self._write_start(record, previous, latest, start_step)
         if latest is None:
-            sft_losses = run_sft(c, learner)
-            extra = {"sft_losses": sft_losses, "eval_before": evaluate(c, learner)}
+            extra = apply_warm_start(c, learner, self.quiet)
+            extra["eval_before"] = evaluate(c, learner)
             history.put(0, state_snapshot(learner.model))
             if c.checkpoint_every:
                 # the warm-started weights, before any RL update: what `zm parity --checkpoint` measures a
@@ -417,7 +420,7 @@ class Run:
 
         summary = summarize(
             self._records(), weights_hash(learner.model), extra["eval_before"], evaluate(c, learner),
-            extra.get("sft_losses"),
+            extra.get("sft_losses"), extra,
         )  # fmt: skip
         # counted over the whole run: a resumed run's engine starts its counters at 0
         summary.update(_add_counts(extra.get("cache_stats", {}), worker.cache_stats()))
@@ -446,14 +449,21 @@ def step_record(step: int, version: int, learner_version: int, stats: dict, epis
     return record
 
 
+WARM_START_KEYS = ("warm_start", "warm_start_key", "warm_start_sha256")  # apply_warm_start's record
+
+
 def summarize(
-    records: list[dict], weights_sha256: str, eval_before: dict, eval_after: dict, sft_losses
+    records: list[dict], weights_sha256: str, eval_before: dict, eval_after: dict, sft_losses,
+    warm_start: dict | None = None,
 ) -> dict:
-    """summary.json of a finished run, from its per-step records (shared by both executors)."""
+    """summary.json of a finished run, from its per-step records (shared by both executors);
+    ``warm_start``: what :func:`apply_warm_start` recorded (its ``WARM_START_KEYS`` are copied)."""
+    warm_start = warm_start or {}
     keys = ("diff_max", "diff_mean", "diff_std", "k3_kl")
     summary = {
         "steps": len(records),
         "weights_sha256": weights_sha256,
+        **{key: warm_start[key] for key in WARM_START_KEYS if key in warm_start},
         "eval_pass_at_1_before": eval_before["eval_pass_at_1"],
         "eval_pass_at_1_after": eval_after["eval_pass_at_1"],
         "eval_sampled_pass_at_1_before": eval_before.get("eval_sampled_pass_at_1"),

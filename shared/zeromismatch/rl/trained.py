@@ -101,13 +101,7 @@ def load_trained_policy(path: str | Path) -> TrainedPolicy:
 def make_warm_start(config: RLConfig, out_dir: str | Path, quiet: bool = True) -> TrainedPolicy:
     """Run ``config``'s supervised warm start alone and save it as ``out_dir/checkpoints/step_000000`` (the
     layout of a run's own warm-start checkpoint); returns it read back."""
-    from .learner import Learner, state_snapshot
-    from .loop import run_sft
+    from .warm_start import build_warm_start
 
-    torch.manual_seed(config.seed)
-    learner = Learner(config)
-    progress = None if quiet else (lambda line: print(line, end="\r", flush=True))
-    run_sft(config, learner, progress)
-    root = Path(out_dir) / "checkpoints"
-    ckpt.save_checkpoint(root, 0, {"model": state_snapshot(learner.model)}, {"config": config.to_dict()})
+    build_warm_start(config, out_dir, quiet)
     return load_trained_policy(out_dir)

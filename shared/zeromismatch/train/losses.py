@@ -10,6 +10,9 @@ All losses take one ``PolicyBatch`` (B responses padded to length L) and return 
   No KL term, no value model, no rejection. Its gradient, sum rho * A * grad(l), is the ordinary
   token-level importance-sampled policy gradient for samples drawn by the rollout policy.
 - ``tis``: the same, with truncated importance weights sg(min(rho, C)) (biased when rho > C).
+- ``reinforce``: the same with every weight 1: no algorithmic correction (S1's baseline, "training
+  without any algorithmic correction"). The rollout's samples are treated as the learner's own, so a
+  train-inference mismatch biases the gradient unchecked; rho is still measured and reported.
 - ``grpo``: A_i = (R_i - group mean) / (group std + eps) (population std; a group whose rewards are
   all equal gets A = 0); token ratio r_t = exp(l_learner - l_old); objective
   min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); token mean within a response, mean over responses.
@@ -51,6 +54,7 @@ __all__ = [
     "gspo",
     "grpo",
     "ppo_clip",
+    "reinforce",
     "reinforce_zero",
     "tis",
 ]
@@ -298,6 +302,19 @@ def reinforce_zero(batch: PolicyBatch, aggregation: str = "seq_mean_token_mean")
     return LossOutput(loss=loss, stats=stats, advantages=advantages.detach())
 
 
+def reinforce(batch: PolicyBatch, aggregation: str = "seq_mean_token_mean") -> LossOutput:
+    """REINFORCE with no correction: weight 1 per token x group-mean advantage (rho only measured)."""
+    dtype = _float_dtype(batch)
+    advantages = group_mean_advantages(batch.rewards.to(dtype), batch.group_ids)
+    ratio = _ratio_to_rollout(batch)
+    # 1 at supported tokens, 0 where the learner gives the token probability 0 (as every loss here)
+    ones = _masked(torch.ones_like(ratio), batch.active)
+    loss = _reinforce_with_weights(batch, ones, advantages, aggregation)
+    stats = _base_stats(batch, advantages)
+    stats.update(loss=float(loss.detach()), clip_rate=0.0, **_ratio_stats(ratio, batch.mask))
+    return LossOutput(loss=loss, stats=stats, advantages=advantages.detach())
+
+
 def tis(batch: PolicyBatch, cap: float = 2.0, aggregation: str = "seq_mean_token_mean") -> LossOutput:
     """Truncated IS REINFORCE: weights sg(min(rho, cap)) instead of sg(rho)."""
     if not cap > 0:
@@ -441,6 +458,7 @@ def ppo_clip(
 
 LOSSES: dict[str, Callable[..., LossOutput]] = {
     "reinforce_zero": reinforce_zero,
+    "reinforce": reinforce,
     "grpo": grpo,
     "gspo": gspo,
     "ppo_clip": ppo_clip,
