@@ -13,13 +13,13 @@ All arms train with plain REINFORCE and **no correction** (``algo="reinforce"``)
   fp32 masters, ``rl/stacks.py`` ``aligned-fp8-block``) on the aligned-native kernels.
 - ``fast`` (3 seeds): the published high-performance baseline (``fast-fp8-block``: a bf16 rollout on stock
   kernels with block-FP8 weights, an FP8 KV cache and a bf16 head) against the same fp32-master learner.
-- ``aligned_torch``: ``aligned`` on the pure-torch aligned set, one seed: the zero holds on both sets.
 - ``default``: stock kernels on both sides in fp32 (re-association only), one seed: the inverse of the
   zero-diff claim.
 
 Hyper-parameters: SFT lr 1e-3 (3e-3 left the SFT loss at 1.56 after 300 steps and reward 0), RL lr chosen
 on seed 0 by the aligned arm's held-out pass@1 from a short sweep (docs/learnability.md); the fast arm runs
-the same settings and seeds 1-2 ran untouched afterwards.
+the same settings and seeds 1-2 ran untouched afterwards. The pure-torch aligned set is not an arm here
+(its zero is tested by the parity chain and the other experiments); the aligned-native set is 2-4x faster.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from zeromismatch.rl import RLConfig
 from zeromismatch.rl.stacks import stack_fields
 
 SEEDS = (0, 1, 2)
-STEPS = 200
+STEPS = 150
 LR = 1e-4  # chosen on seed 0 by the aligned arm's held-out pass@1 (docs/learnability.md)
 NATIVE = "aligned-native"
 
@@ -52,8 +52,6 @@ def mini() -> list[Arm]:
         Arm("fast", _base(**stack_fields("fast-fp8-block", kernels=NATIVE)),
             "the high-performance baseline: bf16 stock-kernel rollout, block-FP8 weights, FP8 KV cache, bf16 "
             "head, against the fp32-master aligned-native learner; no correction", seeds=SEEDS),
-        Arm("aligned_torch", _base(**stack_fields("aligned-fp8-block"), steps=101),
-            "the pure-torch aligned set on both sides, block-FP8 weights"),
         Arm("default", _base(kernels="default"), "stock kernels on both sides in fp32 (re-association only)"),
     ]  # fmt: skip
 

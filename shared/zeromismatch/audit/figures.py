@@ -217,9 +217,11 @@ def training_curves(plt, sns, title: str, sources: list[tuple[str, DataDir]], ou
         part = frame[frame["family"] == family]
         style = "metric" if part["metric"].nunique() > 1 else None
         if not part.empty:
+            # several runs under one label are an arm's seeds: mean line, min..max band ("pi", 100)
             sns.lineplot(
-                data=part, x="step", y="value", hue="series", style=style, ax=ax, errorbar=None, linewidth=1.2
-            )
+                data=part, x="step", y="value", hue="series", style=style, ax=ax, errorbar=("pi", 100),
+                linewidth=1.2,
+            )  # fmt: skip
         positive = part["value"][part["value"] > 0]
         if len(positive) and positive.max() / positive.min() > 1e3:
             ax.set_yscale("symlog", linthresh=float(positive.min()))
@@ -245,6 +247,7 @@ def _curve_sources(runs: list[Run]) -> dict[str, list[tuple[str, DataDir]]]:
     """Per scale: every data dir once, labelled by its path below the scale directory.
 
     The scale group's unseeded arms are runs of their own (drawn as such); its seeded arms are not.
+    Every seed of a seeded arm carries the arm's label, so :func:`training_curves` draws the arm once.
     """
     by_scale: dict[str, list[tuple[str, DataDir]]] = {}
     for run in runs:
@@ -255,7 +258,8 @@ def _curve_sources(runs: list[Run]) -> dict[str, list[tuple[str, DataDir]]]:
             sources.extend((f"{run.name}/{arm}", data) for arm, data in run.arms.items())
         prefix = "" if run.is_scale_group else f"{run.name}/"
         for arm, seeds in run.seeds.items():
-            sources.extend((f"{prefix}{arm}/{data.path.name}", data) for _, data in seeds)
+            # one series per arm: its line is the mean over seeds, its band their min..max
+            sources.extend((f"{prefix}{arm} ({len(seeds)} seeds)", data) for _, data in seeds)
         if sources:
             by_scale.setdefault(run.scale, []).extend(sources)
     return by_scale
