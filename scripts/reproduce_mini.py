@@ -27,6 +27,7 @@ there are skipped (``<out>/.done/``); inside a step, runs that have a ``summary.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -77,15 +78,25 @@ class Step:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.name)
 
 
+SHOWN_FIELDS = 6  # the table names this many differing fields per run; reproduce.json lists all
+
+
 @dataclass
 class Row:
     run: str
     status: str
     fields: list[str] = field(default_factory=list)
+    #: where the two runs ran, when not on the same kind of CPU: the trainer's backward and SFT use
+    #: stock torch GEMMs, whose reduction order depends on the CPU's instruction set, so such a
+    #: difference is expected; on the same CPU kind every run is bitwise reproducible
+    machines: str | None = None
 
     def text(self) -> str:
         if self.status == "differs":
-            return "differs: " + ", ".join(self.fields)
+            shown = ", ".join(self.fields[:SHOWN_FIELDS])
+            more = len(self.fields) - SHOWN_FIELDS
+            text = "differs: " + shown + (f" (+{more} more)" if more > 0 else "")
+            return text + (f" [{self.machines}]" if self.machines else "")
         return {"new": "new (no committed run)", "missing": "missing (committed, not rerun)"}.get(
             self.status, self.status
         )
@@ -168,6 +179,22 @@ def run_dirs(root: Path, group: str, depth: int) -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
+def _cpu_of(run: Path) -> str | None:
+    path = run / "provenance.json"
+    try:
+        return json.loads(path.read_text()).get("hardware", {}).get("cpu_model") if path.is_file() else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
+def machine_change(fresh: Path, committed: Path) -> str | None:
+    """"committed on <cpu>, rerun on <cpu>" when the provenances name different CPU models, else None."""
+    was, now = _cpu_of(committed), _cpu_of(fresh)
+    if was is None or now is None or was.strip() == now.strip():
+        return None
+    return f"committed on {was.strip()}, rerun on {now.strip()}"
+
+
 def compare_groups(fresh_root: Path, committed_root: Path, groups: list[tuple[str, int]]) -> list[Row]:
     """One row per run in either tree, for each ``(group, depth)``: see :func:`run_dirs`."""
     rows = []
@@ -180,7 +207,8 @@ def compare_groups(fresh_root: Path, committed_root: Path, groups: list[tuple[st
                 rows.append(Row(name, "missing"))
             else:
                 differing = compare_run(fresh[name], committed[name])
-                rows.append(Row(name, "differs" if differing else "identical", differing))
+                machines = machine_change(fresh[name], committed[name]) if differing else None
+                rows.append(Row(name, "differs" if differing else "identical", differing, machines))
     return rows
 
 
@@ -446,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(out / REPORT, {
         "fresh": str(out), "committed": str(committed), "settings": config, "steps": records,
         "failed_steps": failed,
-        "runs": [{"run": r.run, "status": r.status, "fields": r.fields} for r in rows],
+        "runs": [dataclasses.asdict(r) for r in rows],
         "benchmarks": [str(p) for p in bench_files if p.is_file()], "updated": updated,
     })  # fmt: skip
     if failed:

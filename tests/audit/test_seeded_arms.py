@@ -94,7 +94,7 @@ def test_seeded_arms_are_arms_of_the_scale_group_in_seed_order(results):
     ]
     assert [label for label, _ in _curve_sources(runs)["mini"]] == [
         "aligned",
-        *(f"fast/seed{seed}" for seed in (0, 1, 2, 10)),
+        *["fast (4 seeds)"] * 4,
     ]
 
 
@@ -107,8 +107,8 @@ def test_a_runs_own_seeded_arm_is_found_too(results):
     assert [seed for seed, _ in run.seeds["fast"]] == [0, 1]
     assert [label for label, _ in _curve_sources([run])["mini"]] == [
         "run-a/aligned",
-        "run-a/fast/seed0",
-        "run-a/fast/seed1",
+        "run-a/fast (2 seeds)",
+        "run-a/fast (2 seeds)",
     ]
 
 

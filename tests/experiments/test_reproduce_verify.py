@@ -194,3 +194,13 @@ def test_seeded_arms_are_compared_seed_by_seed(tmp_path, script):
     assert [(r.run, r.status) for r in rows] == [
         ("x/mini/fast/seed0", "identical"), ("x/mini/fast/seed1", "differs"), ("x/mini/plain", "identical"),
     ]  # fmt: skip
+
+
+def test_a_difference_across_cpu_kinds_is_named(tmp_path, script):
+    machines = (("fresh", "Intel(R) Xeon(R) Processor", "w1"), ("committed", "AMD EPYC", "w0"))
+    for root, cpu, weights in machines:
+        run = fabricate(tmp_path / root / "x" / "mini" / "a", weights=weights)
+        (run / "provenance.json").write_text(json.dumps({"hardware": {"cpu_model": cpu}}))
+    (row,) = script.compare_groups(tmp_path / "fresh", tmp_path / "committed", [("x/mini", 2)])
+    assert row.status == "differs"
+    assert row.text().endswith("[committed on AMD EPYC, rerun on Intel(R) Xeon(R) Processor]")
