@@ -53,8 +53,8 @@ def test_two_arms_that_disagree_each_show_their_own_value():
         "b": {"kernels": "default", "lag": 8},
     }
     table = readmes.arms_table(arms)
-    assert table[2] == "| `a` | first | `kernels=aligned`, `lag=0` |"
-    assert table[3] == "| `b` | second | `kernels=default`, `lag=8` |"
+    assert table[2] == "| `a` | 0 | first | `kernels=aligned`, `lag=0` |"
+    assert table[3] == "| `b` | 0 | second | `kernels=default`, `lag=8` |"
     line = readmes.base_line(arms)
     assert "`steps=5`" in line and "kernels" not in line and "lag" not in line
 
@@ -80,7 +80,7 @@ def test_a_majority_value_moves_out_of_the_rows():
     line = readmes.base_line(arms)
     # dtype's majority value is the RLConfig default (float32), so the base lines leave it out
     assert "`lag=8`" in line and "dtype" not in line
-    assert readmes.arms_table(arms)[3] == "| `async` | — | — |"
+    assert readmes.arms_table(arms)[3] == "| `async` | 0 | — | — |"
 
 
 def test_cells_escape_table_pipes_and_common_base_needs_arms():
@@ -113,3 +113,14 @@ def test_check_writes_nothing_and_the_default_writes_then_passes(tmp_path, capsy
     assert readmes.main(["--quiet", "--root", str(tmp_path)]) == 0
     assert readme.read_text() == readmes.render_readme("qwen3_30b_a3b_tools", tmp_path)
     assert readmes.main(["--check", "--quiet", "--root", str(tmp_path)]) == 0
+
+
+def test_a_seeded_arm_lists_its_seeds():
+    from zeromismatch.expt import Arm
+    from zeromismatch.rl import RLConfig
+
+    arms = [Arm("plain", RLConfig(seed=4), "one run"), Arm("fast", RLConfig(), "seeded", seeds=(0, 1, 2))]
+    table = readmes.arms_table(arms)
+    assert table[0] == "| arm | seeds | note | differs from the base |"
+    assert table[2].startswith("| `plain` | 4 | one run |")
+    assert table[3].startswith("| `fast` | 0, 1, 2 | seeded |")
