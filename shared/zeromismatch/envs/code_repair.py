@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from zeromismatch.envs import code_repair_procedural as procedural_variant
 from zeromismatch.envs.base import Env, StepResult, Task
+from zeromismatch.envs.code_repair_procedural import run_tests  # one test loop for both variants
 
 __all__ = ["TEMPLATES", "CodeRepairEnv", "RepairTemplate"]
 
@@ -152,17 +153,6 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
     ),
 )
 _BY_NAME = {template.name: template for template in TEMPLATES}
-
-
-def run_tests(template: RepairTemplate, slots: dict[str, str], tests: list[tuple[tuple, object]]) -> int:
-    """How many (args, expected) tests the slot assignment passes under our interpreter."""
-    passed = 0
-    for args, expected in tests:
-        try:
-            passed += template.run(slots, args) == expected
-        except (IndexError, ZeroDivisionError, OverflowError):
-            pass
-    return passed
 
 
 def _fix_action(template: RepairTemplate, index: int) -> str:
@@ -308,7 +298,7 @@ class CodeRepairEnv(Env):
         tests = task.data["tests"]
         if self.procedural:
             template = procedural_variant.BY_NAME[task.data["template"]]
-            passed = procedural_variant.run_tests(template, assignment, tests)
+            passed = run_tests(template, assignment, tests)
             solved = procedural_variant.equivalent(template, assignment, task.data["correct"])
             info = {"passed": passed, "tests": len(tests), "solved": solved}
             return StepResult("", passed / len(tests), True, info)

@@ -196,8 +196,9 @@ PROCEDURAL_TEMPLATES: tuple[ProceduralTemplate, ...] = (
 BY_NAME = {template.name: template for template in PROCEDURAL_TEMPLATES}
 
 
-def run_tests(template: ProceduralTemplate, slots: dict[str, str], tests: list[tuple[tuple, object]]) -> int:
-    """How many (args, expected) tests the slot assignment passes under our interpreter."""
+def run_tests(template, slots: dict[str, str], tests: list[tuple[tuple, object]]) -> int:
+    """How many (args, expected) tests the slot assignment passes under our interpreter (``template``:
+    either variant's, anything with ``run(slots, args)``)."""
     passed = 0
     for args, expected in tests:
         try:
