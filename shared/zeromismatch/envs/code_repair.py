@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import operator
 import random
 import re
 import string
@@ -38,13 +37,10 @@ from dataclasses import dataclass
 
 from zeromismatch.envs import code_repair_procedural as procedural_variant
 from zeromismatch.envs.base import Env, StepResult, Task
-from zeromismatch.envs.code_repair_procedural import run_tests  # one test loop for both variants
+from zeromismatch.envs.repair_interpreter import ARITH, COMPARE, range_fold, run_tests
 
 __all__ = ["TEMPLATES", "CodeRepairEnv", "RepairTemplate"]
 
-_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
-_COMPARE = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le, "==": operator.eq,
-            "!=": operator.ne}
 _FIX = re.compile(r"\s*<fix>(\d{1,3})\|(.*?)</fix>\s*", re.DOTALL)
 _FIELD = string.Formatter()
 
@@ -68,19 +64,11 @@ class RepairTemplate:
         return f"{self.name}({', '.join(repr(a) for a in args)})"
 
 
-def _range_fold(slots: dict[str, str], args: tuple, accumulator: str) -> int:
-    (n,) = args
-    value = int(slots[accumulator])
-    for i in range(int(slots["start"]), n + int(slots["end"])):
-        value = _ARITH[slots["op"]](value, i)
-    return value
-
-
 def _max_list(slots: dict[str, str], args: tuple) -> int:
     (xs,) = args
     best = xs[int(slots["idx"])]
     for x in xs[int(slots["skip"]):]:
-        if _COMPARE[slots["cmp"]](x, best):
+        if COMPARE[slots["cmp"]](x, best):
             best = x
     return best
 
@@ -89,16 +77,16 @@ def _count_greater(slots: dict[str, str], args: tuple) -> int:
     xs, k = args
     count = int(slots["init"])
     for x in xs:
-        if _COMPARE[slots["cmp"]](x, k):
+        if COMPARE[slots["cmp"]](x, k):
             count = count + int(slots["inc"])
     return count
 
 
 def _abs_diff(slots: dict[str, str], args: tuple) -> int:
     a, b = args
-    if _COMPARE[slots["cmp"]](a, b):
-        return _ARITH[slots["op1"]](a, b)
-    return _ARITH[slots["op2"]](b, a)
+    if COMPARE[slots["cmp"]](a, b):
+        return ARITH[slots["op1"]](a, b)
+    return ARITH[slots["op2"]](b, a)
 
 
 def _small_list(rng: random.Random) -> tuple:
@@ -112,7 +100,7 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
                "        total = total {op} i", "    return total"),
         domains={"init": ("0", "1"), "start": ("0", "1", "2"), "end": ("0", "1", "2"), "op": ("+", "-", "*")},
         correct={"init": "0", "start": "1", "end": "1", "op": "+"},
-        run=lambda slots, args: _range_fold(slots, args, "init"),
+        run=lambda slots, args: range_fold(slots, args, "init"),
         sample_args=lambda rng: (rng.randint(0, 9),),
     ),
     RepairTemplate(
@@ -121,14 +109,14 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
                "        result = result {op} i", "    return result"),
         domains={"init": ("0", "1", "2"), "start": ("0", "1", "2"), "end": ("0", "1", "2"), "op": ("*", "+")},
         correct={"init": "1", "start": "1", "end": "1", "op": "*"},
-        run=lambda slots, args: _range_fold(slots, args, "init"),
+        run=lambda slots, args: range_fold(slots, args, "init"),
         sample_args=lambda rng: (rng.randint(0, 7),),
     ),
     RepairTemplate(
         name="max_list",
         lines=("def max_list(xs):", "    best = xs[{idx}]", "    for x in xs[{skip}:]:",
                "        if x {cmp} best:", "            best = x", "    return best"),
-        domains={"idx": ("0", "1", "-1"), "skip": ("0", "1", "2"), "cmp": tuple(_COMPARE)},
+        domains={"idx": ("0", "1", "-1"), "skip": ("0", "1", "2"), "cmp": tuple(COMPARE)},
         correct={"idx": "0", "skip": "1", "cmp": ">"},
         run=_max_list,
         sample_args=_small_list,
@@ -137,7 +125,7 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
         name="count_greater",
         lines=("def count_greater(xs, k):", "    count = {init}", "    for x in xs:", "        if x {cmp} k:",
                "            count = count + {inc}", "    return count"),
-        domains={"init": ("0", "1"), "cmp": tuple(_COMPARE), "inc": ("0", "1", "2")},
+        domains={"init": ("0", "1"), "cmp": tuple(COMPARE), "inc": ("0", "1", "2")},
         correct={"init": "0", "cmp": ">", "inc": "1"},
         run=_count_greater,
         sample_args=lambda rng: (_small_list(rng)[0], rng.randint(-5, 5)),
@@ -146,7 +134,7 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
         name="abs_diff",
         lines=("def abs_diff(a, b):", "    if a {cmp} b:", "        return a {op1} b",
                "    return b {op2} a"),
-        domains={"cmp": tuple(_COMPARE), "op1": ("-", "+"), "op2": ("-", "+")},
+        domains={"cmp": tuple(COMPARE), "op1": ("-", "+"), "op2": ("-", "+")},
         correct={"cmp": ">", "op1": "-", "op2": "-"},
         run=_abs_diff,
         sample_args=lambda rng: (rng.randint(-20, 20), rng.randint(-20, 20)),

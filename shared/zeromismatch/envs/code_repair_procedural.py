@@ -53,18 +53,16 @@ from __future__ import annotations
 
 import functools
 import itertools
-import operator
 import random
 import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from zeromismatch.envs.repair_interpreter import ARITH, COMPARE, range_fold, run_tests
+
 __all__ = ["PROCEDURAL_TEMPLATES", "ProceduralTemplate", "identifier_key"]
 
-_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
-_COMPARE = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le, "==": operator.eq,
-            "!=": operator.ne}
 _DIGITS = tuple(string.digits)
 _FIELD = string.Formatter()
 _WORD = re.compile(r"[A-Za-z_]\w*")
@@ -103,19 +101,11 @@ class ProceduralTemplate:
         return self.lines[index].format(**names, **slots)
 
 
-def _fold(slots: dict[str, str], args: tuple) -> int:
-    (n,) = args
-    value = int(slots["init"])
-    for i in range(int(slots["start"]), n + int(slots["end"])):
-        value = _ARITH[slots["op"]](value, i)
-    return value
-
-
 def _extreme(slots: dict[str, str], args: tuple) -> int:
     (xs,) = args
     best = xs[int(slots["idx"])]
     for x in xs:
-        if _COMPARE[slots["cmp"]](x, best):
+        if COMPARE[slots["cmp"]](x, best):
             best = x
     return best
 
@@ -124,14 +114,14 @@ def _count(slots: dict[str, str], args: tuple) -> int:
     (xs,) = args
     count = int(slots["init"])
     for x in xs:
-        if _COMPARE[slots["cmp"]](x, int(slots["k"])):
+        if COMPARE[slots["cmp"]](x, int(slots["k"])):
             count = count + int(slots["inc"])
     return count
 
 
 def _clamp(slots: dict[str, str], args: tuple) -> int:
     (x,) = args
-    if _COMPARE[slots["cmp"]](x, int(slots["k1"])):
+    if COMPARE[slots["cmp"]](x, int(slots["k1"])):
         x = int(slots["k2"])
     return x
 
@@ -146,12 +136,12 @@ PROCEDURAL_TEMPLATES: tuple[ProceduralTemplate, ...] = (
         lines=("def {F}({N}):", " {T} = {init}", " for {V} in range({start}, {N} + {end}):",
                "  {T} = {T} {op} {V}", " return {T}"),
         names=("F", "N", "T", "V"),
-        domains={"init": ("0", "1"), "start": _DIGITS, "end": ("0", "1", "2"), "op": tuple(_ARITH)},
+        domains={"init": ("0", "1"), "start": _DIGITS, "end": ("0", "1", "2"), "op": tuple(ARITH)},
         constant_slots=("start",),
         constants=(1, 5),
         variants={"sum": ("{F}({N}) is the sum of {K}..{N}", {"init": "0", "end": "1", "op": "+"}),
                   "product": ("{F}({N}) is the product of {K}..{N}", {"init": "1", "end": "1", "op": "*"})},
-        run=_fold,
+        run=lambda slots, args: range_fold(slots, args, "init"),
         sample_args=lambda rng: (rng.randint(0, 9),),
     ),
     ProceduralTemplate(
@@ -159,7 +149,7 @@ PROCEDURAL_TEMPLATES: tuple[ProceduralTemplate, ...] = (
         lines=("def {F}({A}):", " {B} = {A}[{idx}]", " for {X} in {A}:", "  if {X} {cmp} {B}:",
                "   {B} = {X}", " return {B}"),
         names=("F", "A", "B", "X"),
-        domains={"idx": ("0", "1", "-1"), "cmp": tuple(_COMPARE)},
+        domains={"idx": ("0", "1", "-1"), "cmp": tuple(COMPARE)},
         constant_slots=(),
         constants=(0, 0),
         variants={"largest": ("{F}({A}) is the largest item of {A}", {"idx": "0", "cmp": ">"}),
@@ -172,7 +162,7 @@ PROCEDURAL_TEMPLATES: tuple[ProceduralTemplate, ...] = (
         lines=("def {F}({A}):", " {C} = {init}", " for {X} in {A}:", "  if {X} {cmp} {k}:",
                "   {C} = {C} + {inc}", " return {C}"),
         names=("F", "A", "C", "X"),
-        domains={"init": ("0", "1"), "cmp": tuple(_COMPARE), "k": _DIGITS, "inc": ("0", "1", "2")},
+        domains={"init": ("0", "1"), "cmp": tuple(COMPARE), "k": _DIGITS, "inc": ("0", "1", "2")},
         constant_slots=("k",),
         constants=(1, 8),
         variants={"above": ("{F}({A}) counts items above {K}", {"init": "0", "cmp": ">", "inc": "1"}),
@@ -184,7 +174,7 @@ PROCEDURAL_TEMPLATES: tuple[ProceduralTemplate, ...] = (
         name="clamp",
         lines=("def {F}({X}):", " if {X} {cmp} {k1}:", "  {X} = {k2}", " return {X}"),
         names=("F", "X"),
-        domains={"cmp": tuple(_COMPARE), "k1": _DIGITS, "k2": _DIGITS},
+        domains={"cmp": tuple(COMPARE), "k1": _DIGITS, "k2": _DIGITS},
         constant_slots=("k1", "k2"),
         constants=(1, 8),
         variants={"caps": ("{F}({X}) caps {X} at {K}", {"cmp": ">"}),
@@ -194,18 +184,6 @@ PROCEDURAL_TEMPLATES: tuple[ProceduralTemplate, ...] = (
     ),
 )
 BY_NAME = {template.name: template for template in PROCEDURAL_TEMPLATES}
-
-
-def run_tests(template, slots: dict[str, str], tests: list[tuple[tuple, object]]) -> int:
-    """How many (args, expected) tests the slot assignment passes under our interpreter (``template``:
-    either variant's, anything with ``run(slots, args)``)."""
-    passed = 0
-    for args, expected in tests:
-        try:
-            passed += template.run(slots, args) == expected
-        except (IndexError, ZeroDivisionError, OverflowError):
-            pass
-    return passed
 
 
 @functools.cache
