@@ -155,20 +155,21 @@ def test_full_scale_config_says_where_each_value_comes_from():
     assert deepseek["quant"] == "assumed"
     assert deepseek["dtype"] == "mini arm" and deepseek["algo"] == "mini arm"
     lag64 = full_scale_configs(load("reinforce_zero_lag64"))
-    assert lag64["tools_aligned"]["source_of"]["lag"] == "source S3"  # S3: lag 64 in agentic tool use
-    # S3 states no lag for its math comparison: the arithmetic arms keep the mini design's lags
-    assert lag64["aligned"]["source_of"]["lag"] == "mini arm" and lag64["aligned"]["config"]["lag"] == 64
-    assert lag64["aligned_lag8"]["source_of"]["lag"] == "mini arm"  # an ablation keeps its own lag
+    assert lag64["aligned"]["source_of"]["lag"] == "source S3"  # S3: lag 64 in agentic tool use
+    assert lag64["aligned"]["config"]["lag"] == 64
+    # S3 states no lag for its math-reasoning full run: the lag-2/8 arms keep the mini design's lags
+    assert lag64["aligned_lag8"]["source_of"]["lag"] == "mini arm"
+    assert lag64["aligned_lag8"]["config"]["lag"] == 8
 
 
 def test_arms_of_another_published_run_resolve_to_that_run():
-    # the arithmetic arms stand in for S3's math-reasoning runs, the tools arm for the Qwen3-4B tool-use run
+    # the lag-2/8 arms stand in for S3's math-reasoning runs, the lag-64 arms for the Qwen3-4B tool-use run
     # (every arm used to resolve to Qwen3-4B with Python tools)
     from zeromismatch.expt.runner import full_scale_configs
 
     experiment = load("reinforce_zero_lag64")
     resolved = full_scale_configs(experiment)
-    tools, math = resolved["tools_aligned"], resolved["default"]
+    tools, math = resolved["fast"], resolved["fast_lag8"]
     assert tools["config"]["model"] == "Qwen/Qwen3-4B" and tools["source_of"]["model"] == "source S3"
     assert tools["config"]["steps"] == 5000 and tools["config"]["context_tokens"] == 16384
     assert math["config"]["model"] != "Qwen/Qwen3-4B" and math["source_of"]["model"] == "assumed"
