@@ -95,9 +95,9 @@ def check_file_path(path: str | os.PathLike, option: str) -> None:
 
 
 @contextlib.contextmanager
-def directory_lock(directory: str | os.PathLike, what: str = "run") -> Iterator[Path]:
-    """Hold an exclusive, non-blocking ``flock`` on ``directory/.lock`` (creating the directory) until
-    the block ends; :class:`DirectoryLockedError` at once when another process holds it.
+def directory_lock(directory: str | os.PathLike, what: str = "run", name: str = LOCK_FILE) -> Iterator[Path]:
+    """Hold an exclusive, non-blocking ``flock`` on ``directory/<name>`` (default ``.lock``; creating the
+    directory) until the block ends; :class:`DirectoryLockedError` at once when another process holds it.
 
     The lock file is removed on release, so a finished directory holds none. That is safe because a
     locker checks, once it holds the lock, that the file it locked is still the one at the path (a
@@ -105,7 +105,7 @@ def directory_lock(directory: str | os.PathLike, what: str = "run") -> Iterator[
     lock is released by the kernel; its stale file is simply locked again."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LOCK_FILE
+    path = directory / name
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:

@@ -113,3 +113,30 @@ def test_full_dry_run_names_the_variables_its_placeholders_need(tmp_path, monkey
     monkeypatch.setenv("ZM_SLURM_ACCOUNT", "proj")
     runner.run_experiment(experiment, "full", ["aligned"], cluster="slurm", dry_run=True, out_root=tmp_path)
     assert "placeholder" not in capsys.readouterr().err
+
+
+def test_an_arm_another_launcher_is_running_is_skipped_and_left_alone(tmp_path, capsys, monkeypatch):
+    """Two launchers sharing an out root: the second skips the arm the first holds (and leaves its
+    ``.partial`` alone) and runs the rest."""
+    import zeromismatch.rl
+    from zeromismatch.io import directory_lock
+
+    trained = []
+
+    def fake_train(config, out, quiet=True):
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text("{}")
+        trained.append(out.name)
+        return {}
+
+    monkeypatch.setattr(zeromismatch.rl, "train", fake_train)
+    experiment = load("reinforce_zero_lag64")
+    scale_dir = tmp_path / experiment.name / "smoke"
+    partial = scale_dir / ".aligned_lag0.partial"
+    partial.mkdir(parents=True)
+    (partial / "metrics.jsonl").write_text("{}\n")
+    with directory_lock(scale_dir, "run of arm aligned_lag0", name=".aligned_lag0.lock"):
+        runner.run_experiment(experiment, "smoke", ["aligned_lag0", "default"], out_root=tmp_path)
+    out = capsys.readouterr().out
+    assert f"{experiment.name}/smoke/aligned_lag0: being run by another process, skipped" in out
+    assert trained == [".default.partial"] and (partial / "metrics.jsonl").exists()

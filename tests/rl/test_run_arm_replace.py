@@ -76,3 +76,23 @@ def test_an_aside_left_after_the_new_result_was_in_is_dropped(tmp_path, monkeypa
     runner.run_arm(ARM, str(final))
     assert _tag(final) == "next"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["arm"]
+
+
+def test_a_second_process_on_the_same_arm_is_refused_before_it_touches_anything(tmp_path, monkeypatch):
+    """Two launchers sharing an out root: the one that comes second must not remove the first one's
+    in-progress ``.partial`` (it did, and the first then sealed a truncated run as finished)."""
+    from zeromismatch.io import DirectoryLockedError, directory_lock
+
+    final = tmp_path / "arm"
+    partial = tmp_path / ".arm.partial"
+    partial.mkdir()
+    (partial / "metrics.jsonl").write_text('{"step": 0}\n')
+    monkeypatch.setattr(zeromismatch.rl, "train", lambda *a, **k: pytest.fail("trained under another's lock"))
+    with directory_lock(tmp_path, "run of arm arm", name=".arm.lock"):  # the first launcher, mid-run
+        locked = r"in use by another run of arm arm \(pid \d+ holds .*\.arm\.lock\)"
+        with pytest.raises(DirectoryLockedError, match=locked):
+            runner.run_arm(ARM, str(final))
+    assert (partial / "metrics.jsonl").read_text() == '{"step": 0}\n' and not final.exists()
+    monkeypatch.setattr(zeromismatch.rl, "train", _fake_train("after"))
+    assert runner.run_arm(ARM, str(final)) == {"tag": "after"}  # released: the arm runs
+

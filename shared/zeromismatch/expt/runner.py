@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..checkout import checkout_in_use, checkout_root, find_checkout, inside_results
-from ..io import atomic_write_json, check_directory_path
+from ..io import DirectoryLockedError, atomic_write_json, check_directory_path, directory_lock
 from ..manifest import write_manifest
 from ..rl.stacks import DTYPES, QUANTS
 from .spec import SCALES, Arm, Experiment, FullScale
@@ -41,11 +41,21 @@ def run_arm(arm: Arm, final_dir: str, quiet: bool = True) -> dict:
 
     A rerun replaces the old result by renames only: old -> ``.<name>.old``, new -> ``final_dir``, then
     the old copy is deleted. A crash between the renames leaves the old result aside, which the next
-    call puts back first, so ``final_dir`` is never missing a finished result for longer than that."""
-    from ..rl import train
+    call puts back first, so ``final_dir`` is never missing a finished result for longer than that.
 
+    The whole replacement runs under an exclusive lock on ``.<name>.lock``: a second process given the
+    same arm (two launchers sharing an out root) gets :class:`DirectoryLockedError` at once, before it
+    touches anything -- without the lock it removed the first one's ``.partial`` mid-run, and the first
+    then sealed a truncated run as finished."""
     final = Path(final_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
+    with directory_lock(final.parent, f"run of arm {final.name}", name=f".{final.name}.lock"):
+        return _replace_arm(arm, final, quiet)
+
+
+def _replace_arm(arm: Arm, final: Path, quiet: bool) -> dict:
+    from ..rl import train
+
     tmp = final.parent / f".{final.name}.partial"
     aside = final.parent / f".{final.name}.old"
     if aside.exists():
@@ -75,7 +85,7 @@ ARM_CHOICE_FIELDS = (
     "rollout_quant", "kv_cache_dtype", "temperature", "top_k", "top_p", "grad_clip", "audit_rollout_version",
     "seed",
 )  # fmt: skip
-PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor")  # set from FullScale below
+PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor", "trainer")  # set from FullScale below
 
 
 def _precision_fields(experiment: Experiment, full: FullScale, mini: dict) -> dict[str, str]:
@@ -280,7 +290,12 @@ def _run_experiment(
             print(f"{where}: run {index + 1} of {len(runs)}", flush=True)
         start = time.perf_counter()
         if cluster == "inline":
-            summary = run_arm(run, str(final), quiet)
+            try:
+                summary = run_arm(run, str(final), quiet)
+            except DirectoryLockedError:
+                # another launcher on this out root is running it: its result lands there all the same
+                print(f"{where}: being run by another process, skipped", flush=True)
+                continue
         else:
             from ..launch.submit import submit
 
