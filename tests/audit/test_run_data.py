@@ -104,3 +104,20 @@ def test_two_arm_verdict_shows_each_arms_provenance(results):
         "(per arm: aligned/ git 0123456789ab-dirty, config feedfacecafebeef; default/ no provenance.json)"
         in line
     )
+
+
+def test_a_metric_divided_by_a_key_is_a_per_record_ratio(results):
+    """``a+b/c``: per record (a + b) / c, e.g. a step time per token; a record whose divisor is 0 or
+    absent has no value (it is skipped, never counted as 0 or infinity)."""
+    from zeromismatch.audit.runs import DataDir, metric_series
+
+    records = [
+        {"step": 0, "time_rollout_s": 1.0, "time_learner_s": 1.0, "tokens": 4},
+        {"step": 1, "time_rollout_s": 2.0, "time_learner_s": 1.0, "tokens": 0},
+        {"step": 2, "time_rollout_s": 3.0, "time_learner_s": 3.0},
+        {"step": 3, "time_rollout_s": 0.5, "time_learner_s": 0.5, "tokens": 8},
+    ]
+    run = write_run(results, "osworld_step_time", "mini", "aligned", records=records)
+    series = metric_series(DataDir(results, run), "time_rollout_s+time_learner_s/tokens", None, False)
+    assert series == [(0, 0.5), (3, 0.125)]
+    assert metric_series(DataDir(results, run), "time_rollout_s+time_learner_s", None, False)[2] == (2, 6.0)

@@ -313,22 +313,31 @@ def _record_value(record: dict, keys: list[str], path: Path, index: int):
     return total
 
 
+def _per_record(record: dict, names: list[str], arm: str | None, prefixed: bool, path: Path, index: int):
+    if prefixed and arm:
+        value = _record_value(record, [f"{arm}.{n}" for n in names], path, index)
+        if value is None and record.get("arm") == arm:
+            value = _record_value(record, names, path, index)
+        return value
+    return _record_value(record, names, path, index)
+
+
 def metric_series(data: DataDir, metric: str, arm: str | None, prefixed: bool) -> list[tuple[int, float]]:
-    """``(step, value)`` pairs in file order. ``metric`` may be ``a+b`` (per-record sum).
+    """``(step, value)`` pairs in file order. ``metric`` may be ``a+b`` (per-record sum) and may end in
+    ``/c`` (that per-record value divided by key ``c``, e.g. a step time per token); a record whose
+    divisor is 0 has no value.
 
     prefixed=True: read arm A as keys ``A.<m>`` or records with ``"arm": "A"``; False: plain keys.
     """
-    names = metric.split("+")
+    numerator, _, divisor = metric.partition("/")
+    names = numerator.split("+")
     path = data.path / "metrics.jsonl"
     series = []
     for index, record in enumerate(data.records):
-        value = None
-        if prefixed and arm:
-            value = _record_value(record, [f"{arm}.{n}" for n in names], path, index)
-            if value is None and record.get("arm") == arm:
-                value = _record_value(record, names, path, index)
-        else:
-            value = _record_value(record, names, path, index)
+        value = _per_record(record, names, arm, prefixed, path, index)
+        if value is not None and divisor:
+            by = _per_record(record, [divisor], arm, prefixed, path, index)
+            value = value / by if by else None
         if value is None:
             continue
         step = record.get("step", index)
