@@ -8,18 +8,20 @@ from pathlib import Path
 import pytest
 from audit_helpers import PUBLISHED
 
-#: the DeepSeek claims as they were while that experiment ran one unseeded run per arm: the synthetic
-#: runs of the audit-mechanics tests (audit_helpers.deepseek_records: one run, ``aligned.*`` keys) are
-#: judged by these; the real registry (seeded arms, ``over_seeds``) is validated in test_registry.py and
-#: judged on the committed runs by test_seeded_arms.py and the report
-FROZEN_CLAIMS = Path(__file__).parent / "fixtures" / "deepseek_v4_flash_100steps.json"
+#: claims frozen as they were while their experiment ran one unseeded run per arm (DeepSeek's, and
+#: REINFORCE Zero's with its arithmetic ``default`` / ``tools_aligned`` arms): the synthetic runs of the
+#: audit-mechanics tests (one run per arm, e.g. audit_helpers.deepseek_records) are judged by these; the
+#: real registry (seeded arms, ``over_seeds``) is validated in test_registry.py and judged on the
+#: committed runs by test_seeded_arms.py and the report
+FROZEN_CLAIMS = sorted((Path(__file__).parent / "fixtures").glob("*.json"))
 
 
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
-    """A results/ directory holding a copy of the published registry (DeepSeek's claims frozen as
-    ``FROZEN_CLAIMS``) and no runs."""
+    """A results/ directory holding a copy of the published registry (with ``FROZEN_CLAIMS`` in place
+    of today's claims of their experiments) and no runs."""
     root = tmp_path / "results"
     shutil.copytree(PUBLISHED, root / "published")
-    shutil.copy(FROZEN_CLAIMS, root / "published" / FROZEN_CLAIMS.name)
+    for frozen in FROZEN_CLAIMS:
+        shutil.copy(frozen, root / "published" / frozen.name)
     return root
