@@ -10,7 +10,9 @@ same thread count (``torch.set_num_threads``) when comparing bits across executo
 Records match the in-process executor's: the learner actor runs the mid-run evaluations
 (``eval_every``) right after the update they follow, and the summary carries the rollout
 actor's prefix-cache counters. The Ray executor neither checkpoints nor logs to wandb
-(``RLConfig.validate`` rejects ``checkpoint_every`` > 0 and ``wandb`` with it), and it needs
+(``RLConfig.validate`` rejects ``checkpoint_every`` > 0 and ``wandb`` with it), it swaps weights between
+batches only (``inflight_update_at_token`` > 0 is rejected with it: an update landing inside a batch
+would have to reach the rollout actor while its ``generate`` call runs), and it needs
 two CPUs in the Ray cluster, one per actor; both actors are killed however the run ends.
 
 A rollout actor that dies (its process killed, its node lost) is restarted by Ray and the batch it

@@ -73,6 +73,11 @@ class RLConfig:
     keep_checkpoints: int = 2
     executor: str = "inprocess"
     update_mode: str = "keep"
+    # > 0 (needs lag >= 1): the weight update of batch b lands in flight, ``update_mode`` deciding what
+    # happens to the requests it meets: batch b starts on version max(0, b - lag) and, after this many
+    # engine steps of the batch, the engine gets version max(0, b - lag + 1) (rl/inflight.py); 0: weights
+    # change between batches only
+    inflight_update_at_token: int = 0
     micro_batch_size: int = 16
     # at lag > 0 the learner re-scores each batch with the weights that generated it (one extra
     # no-grad forward) to measure the kernel mismatch apart from weight lag; False skips that audit
@@ -80,6 +85,7 @@ class RLConfig:
     audit_rollout_version: bool = True
     enable_prefix_caching: bool = True  # on where the policy supports it (not hybrid Mamba2 models)
     prefix_cache_versioned: bool = True  # False reproduces the stale-prefix bug of S2 fix 2
+    kv_block_size: int = 16  # the engine's tokens per KV-cache block: the prefix cache shares whole blocks
     step_latency_s: float = 0.0  # desktop env: injected latency per env step
     env_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"max_digits": 1} for arithmetic
     wandb: bool = False
@@ -124,16 +130,25 @@ class RLConfig:
             raise bad("lag", f"must be an int in [0, {MAX_LAG}]")
         positive = (
             "steps", "prompts_per_step", "group_size", "max_new_tokens", "eval_size", "micro_batch_size",
+            "kv_block_size",
         )  # fmt: skip
         for name in positive:
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive int")
         non_negative = (
             "sft_steps", "sft_batch", "eval_every", "checkpoint_every", "keep_checkpoints", "eval_samples",
+            "inflight_update_at_token",
         )  # fmt: skip
         for name in non_negative:
             if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative int")
+        if self.inflight_update_at_token and self.lag == 0:
+            # on-policy, the next version is trained on the batch being generated: it cannot land in it
+            raise bad("inflight_update_at_token", "an in-flight update needs lag >= 1 (at lag 0 the next "
+                                                  "version is trained on this very batch)")  # fmt: skip
+        if self.inflight_update_at_token and self.executor == "ray":
+            raise bad("inflight_update_at_token", "the Ray executor swaps weights between batches only; "
+                                                  "use executor='inprocess' or leave it 0")  # fmt: skip
         # every algorithm here takes a group baseline (ppo_clip gets GRPO's group-normalised advantage):
         # with one response per prompt every advantage is 0 and nothing is learned
         if self.group_size < 2:

@@ -8,6 +8,12 @@ min(s, k). The in-process executor runs the schedule sequentially; the Ray execu
 the learner trains on batch s — and produces the same bits, because every batch is a
 function of (weights v(b), batch index, seed) only.
 
+With ``inflight_update_at_token`` (in-process executor only) the next version lands in the middle of
+batch s instead of before batch s+1, with requests in flight (``inflight.py``: which versions, and how
+the learner scores a batch of two). ``weight_version`` / ``policy_lag`` of a record are then the
+batch's starting version and lag; ``lag_*`` are per token; ``inflight_version`` is the version that
+landed and ``inflight_update_at_step`` the engine step it landed after (null: the batch was done first).
+
 Per step the learner logs the mismatch metrics of ``docs/metrics.md``: kernel mismatch
 (trainer at the rollout version vs the engine's recorded logprobs: exactly 0 with an
 aligned stack), IS-weight peak/median, the weight-lag vs kernel decomposition, lag
@@ -36,8 +42,9 @@ from ..metrics import mismatch
 from ..nanmath import max_nan_wins
 from ..train import checkpoint as ckpt
 from .config import RLConfig
+from .inflight import MixedVersionLearner, batch_versions, rollout_snapshots, token_versions
 from .learner import Learner, build_policy, state_snapshot, weights_hash
-from .rollout import collect_episodes, demonstration_tokens
+from .rollout import InflightUpdate, collect_episodes, demonstration_tokens
 from .warm_start import apply_warm_start, provenance_entry
 
 _CRASH_AFTER_STEP_ENV = "ZM_CRASH_AFTER_STEP"  # tests: simulate a kill after a step is logged
@@ -66,11 +73,13 @@ class RolloutWorker:
             # engine's warning for an explicit request: every config carries the field's default
             enable_prefix_caching=None if config.enable_prefix_caching else False,
             prefix_cache_versioned=config.prefix_cache_versioned,
+            block_size=config.kv_block_size,
             lm_head_precision=config.rollout_lm_head,
         )
         # -1: the engine holds the seed init, not yet any learner version (SFT may have moved version 0)
         self.version = -1
         self._engine_to_learner: dict[int, int] = {}
+        self.inflight_stats: dict[str, int | None] = {}
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         if version == self.version:
@@ -84,9 +93,17 @@ class RolloutWorker:
         manager = self.engine.block_manager
         return {"prefix_cache_hits": manager.hits, "stale_prefix_hits": manager.stale_hits}
 
-    def generate(self, batch_index: int, split: str = "train", greedy: bool = False, seeds=None):
+    def generate(self, batch_index: int, split: str = "train", greedy: bool = False, seeds=None,
+                 inflight: tuple[dict[str, torch.Tensor], int] | None = None):  # fmt: skip
+        """Batch ``batch_index``'s episodes; ``inflight`` = (weights, version): an update that lands
+        after ``config.inflight_update_at_token`` engine steps of the batch (rl/inflight.py), reported
+        by ``inflight_stats``."""
         c = self.config
         task_seeds = seeds if seeds is not None else task_seeds_for_batch(c, batch_index)
+        update = None
+        if inflight is not None and inflight[1] != self.version:
+            weights, version = inflight
+            update = InflightUpdate(c.inflight_update_at_token, lambda: self.set_weights(weights, version))
         episodes = collect_episodes(
             self.engine,
             c.env,
@@ -101,7 +118,12 @@ class RolloutWorker:
             logprobs_mode=c.logprobs_mode,
             split=split,
             env_options=env_options(c),
+            inflight=update,
         )
+        self.inflight_stats = {
+            "inflight_update_at_step": None if update is None else update.applied_at_step,
+            "inflight_regenerated_requests": 0 if update is None else update.regenerated,
+        }
         for ep in episodes:
             ep.versions = [self._engine_to_learner.get(v, v) if v >= 0 else v for v in ep.versions]
         return episodes
@@ -367,7 +389,7 @@ class Run:
         eval_task_seeds(c)  # an eval split too small for eval_size fails here, not after the warm start
         # both sides' models are built before anything is written: a kernel set or weight format the
         # model cannot take (NVFP4 on an in-dim that is no multiple of 16) fails here, not after the run began
-        learner = Learner(c)
+        learner = (MixedVersionLearner if c.inflight_update_at_token else Learner)(c)
         worker = RolloutWorker(c)
         record = _provenance.run_provenance(c)  # resolves the kernel sets (a native build) before any write
         if c.warm_start == "shared":
@@ -393,18 +415,25 @@ class Run:
         wandb_run = _maybe_wandb(c, self.out)
         bar = tqdm(range(start_step, c.steps), disable=self.quiet, desc=f"{c.env}/{c.algo}/lag{c.lag}")
         for step in bar:
-            version = c.weight_version_for_batch(step)
+            version, landing = batch_versions(c, step)
             t0 = time.perf_counter()
             worker.set_weights(history.get(version), version)
-            episodes = worker.generate(step)
+            inflight = (history.get(landing), landing) if landing != version else None
+            episodes = worker.generate(step, inflight=inflight)
             t1 = time.perf_counter()
-            snapshot = history.get(version) if version != learner.version else None
+            if c.inflight_update_at_token:
+                # tokens of two versions: each is scored at its own (MixedVersionLearner)
+                snapshot = rollout_snapshots(token_versions(episodes), learner.version, history.get)
+            else:
+                snapshot = history.get(version) if version != learner.version else None
             stats = learner.rl_step(episodes, snapshot)
             t2 = time.perf_counter()
             history.put(learner.version, state_snapshot(learner.model))
             history.prune(c.weight_version_for_batch(step + 1))
             record = step_record(step, version, learner.version, stats, episodes,
                                  {"time_rollout_s": t1 - t0, "time_learner_s": t2 - t1})  # fmt: skip
+            if c.inflight_update_at_token:
+                record.update(worker.inflight_stats, inflight_version=landing)
             if c.evaluates_after_step(step):
                 record.update(evaluate(c, learner))
             self._log(record)

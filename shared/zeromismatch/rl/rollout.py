@@ -8,11 +8,18 @@ appended to the transcript — they are *not* sampled by the policy, so they car
 logprob and no loss (``model_mask`` False). Sampling seeds derive from
 (run seed, batch, episode, turn) only, so a batch is the same whichever executor or
 process generates it.
+
+With an :class:`InflightUpdate` the batch's turns are driven step by step (the engine's step API)
+and the update is applied before the engine step that follows the batch's ``at_step``-th one, with
+requests in flight: they then carry on ("keep"), are drained first ("wait") or are aborted and
+generated again from their start under the new weights ("abort"). Every token keeps the version
+that sampled it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..engine import SamplingParams
@@ -72,6 +79,52 @@ def request_seed(run_seed: int, batch_index: int, episode_index: int, turn: int)
     return (((run_seed * 1_000_003 + batch_index) * 100_003 + episode_index) * 101 + turn) % (2**62)
 
 
+@dataclass
+class InflightUpdate:
+    """A weight update that lands during a batch: ``apply()`` swaps the engine's weights (the caller's
+    ``update_weights`` with its mode), once, after ``at_step`` engine steps of the batch (counted
+    across its turns). A batch done in fewer steps never applies it."""
+
+    at_step: int
+    apply: Callable[[], None]
+    steps: int = 0  # engine steps of this batch so far
+    applied_at_step: int | None = None
+    regenerated: int = 0  # requests an abort-mode update cut off and that were generated again
+
+    def apply_if_due(self) -> None:
+        if self.applied_at_step is None and self.steps >= self.at_step:
+            self.apply()
+            self.applied_at_step = self.steps
+
+
+def _generate_stepwise(engine, contexts, params, update: InflightUpdate, episode_ids: list[int]):
+    """``engine.generate(contexts, params)`` driven one engine step at a time so that ``update`` can
+    land between two steps. Outputs are read from ``step()`` only (keyed by request id): a drained
+    request's output arrives there like any other; an aborted one is submitted again with its own
+    sampling seed, so it is generated from its start under the new weights."""
+    update.apply_if_due()  # due at a turn boundary: nothing is in flight, every mode is a plain swap
+    owner: dict[str, int] = {}
+    for j, (context, p) in enumerate(zip(contexts, params)):
+        try:
+            owner[engine.add_request(context, p)] = j
+        except (ValueError, TypeError) as err:
+            raise RuntimeError(f"rollout request for episode {episode_ids[j]} failed: {err}") from None
+    outputs: dict[int, object] = {}
+    while len(outputs) < len(contexts):
+        update.apply_if_due()
+        for out in engine.step():
+            j = owner.pop(out.request_id, None) if out.finished else None
+            if j is None:
+                continue
+            if out.aborted:
+                owner[engine.add_request(contexts[j], params[j])] = j
+                update.regenerated += 1
+            else:
+                outputs[j] = out
+        update.steps += 1
+    return [outputs[j] for j in range(len(contexts))]
+
+
 def collect_episodes(
     engine,
     env_name: str,
@@ -87,8 +140,10 @@ def collect_episodes(
     logprobs_mode: str = "processed",
     split: str = "train",
     env_options: dict | None = None,
+    inflight: InflightUpdate | None = None,
 ) -> list[Episode]:
-    """``group_size`` episodes for each task seed; returns them in (task, member) order."""
+    """``group_size`` episodes for each task seed; returns them in (task, member) order. ``inflight``:
+    a weight update to land during the batch (module docstring)."""
     tok = default_tokenizer()
     stops = stop_token_ids()
     envs, episodes = [], []
@@ -114,7 +169,10 @@ def collect_episodes(
             )
             for i in active
         ]
-        outputs = engine.generate(contexts, params)
+        if inflight is None or inflight.applied_at_step is not None:
+            outputs = engine.generate(contexts, params)
+        else:
+            outputs = _generate_stepwise(engine, contexts, params, inflight, active)
         still_active = []
         for i, out in zip(active, outputs):
             ep = episodes[i]
