@@ -21,9 +21,10 @@ swapping, so every token of the batch keeps lag 1; the source names draining req
 as the path that does not emulate V0 ("stricter than V0"), and it is the engine mode that leaves the
 most lag. That the first V1 path drained is our assumption (the source's description of it is cut off),
 so this arm's lag of 1 follows from the mode by construction: what the claim then tests is that the
-keep path really removes lag late in training. Lag is measured per token (``lag_mean``). The keep path recomputes an in-flight request's K/V
-under the new weights (PipelineRL's V0 keeps the stale K/V), so every token is a function of one
-version and the learner scores each token at its own version: v0's kernel term stays exactly 0.
+keep path really removes lag late in training. Lag is measured per token (``lag_mean``). The keep
+path recomputes an in-flight request's K/V under the new weights (PipelineRL's V0 keeps the stale
+K/V), so every token is a function of one version and the learner scores each token at its own
+version: v0's kernel term stays exactly 0.
 
 Fix 2 in the V0/V1 arms. Arithmetic prompts are 12 tokens, shorter than a 16-token block, so these arms
 use 4-token KV blocks (``kv_block_size=4``): every prompt then shares its first block with every other
