@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet "pip==26.0.1"
-	$(PIP) install --quiet -c constraints.txt -e ".[dev,figures,cluster,track]"
+	$(PIP) install --quiet -c constraints.txt -e ".[dev,figures,cluster,track,megatron]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

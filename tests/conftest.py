@@ -1,4 +1,5 @@
-"""Suite-wide settings: deterministic seeds, hypothesis profiles, GPU/vLLM/native/cluster-extra skips."""
+"""Suite-wide settings: deterministic seeds, hypothesis profiles, GPU/vLLM/native/megatron/cluster-extra
+skips."""
 
 from __future__ import annotations
 
@@ -52,6 +53,20 @@ def _cluster_skip(item) -> pytest.MarkDecorator | None:
     )
 
 
+def _megatron_skip(items) -> pytest.MarkDecorator | None:
+    """The skip for ``megatron``-marked tests when megatron-core is absent, outside CI only: CI
+    installs the extra (the Makefile's install line), so there a missing package must fail them."""
+    if os.environ.get("CI") or not any(item.get_closest_marker("megatron") for item in items):
+        return None
+    from zeromismatch.integrations.megatron import megatron_available
+
+    if megatron_available():
+        return None
+    return pytest.mark.skip(
+        reason="needs megatron-core (extra 'megatron': pip install -e '.[megatron]'); not installed"
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     has_gpu = torch.cuda.is_available()
     has_vllm = importlib.util.find_spec("vllm") is not None
@@ -63,6 +78,7 @@ def pytest_collection_modifyitems(config, items):
 
         native_reason = unavailable_reason()  # CI installs a compiler (.ci/run): there they must run
     skip_native = pytest.mark.skip(reason=f"the aligned-native set cannot be built here: {native_reason}")
+    skip_megatron = _megatron_skip(items)
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(skip_gpu)
@@ -70,6 +86,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_vllm)
         if "native" in item.keywords and native_reason:
             item.add_marker(skip_native)
+        if skip_megatron is not None and item.get_closest_marker("megatron") is not None:
+            item.add_marker(skip_megatron)
         skip_cluster = _cluster_skip(item)
         if skip_cluster is not None:
             item.add_marker(skip_cluster)

@@ -6,7 +6,8 @@ own sampling seed; arrivals are staggered over engine steps (0-2 steps apart), s
 batch composition changes at almost every step, and prompts longer than
 ``--prefill-chunk`` are prefilled in chunks next to other requests' decodes. The engine
 (``--tp`` workers) generates up to ``--max-tokens`` tokens per prompt; then the trainer
-(``--trainer-tp``) recomputes every sampled token's logprob with its own packing: other
+(``--trainer-tp``; ``--trainer megatron``: a Megatron-core model on the same kernels) recomputes every
+sampled token's logprob with its own packing: other
 micro-batch sizes and the reverse order. Output: diff_max, diff_mean, diff_std, k3_kl
 (``zeromismatch.metrics.mismatch.support_aware_diff_stats``: over the tokens both sides give a finite
 logprob), tokens (those), informative_tokens (those whose logprob is not exactly 0 on both sides),
@@ -85,16 +86,30 @@ def run_engine_workload(llm, workload) -> list:
     return outputs
 
 
-def _trainer_worker(rank, group, preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order):
+def build_trainer(preset, kernels, dtype, seed, quant, trainer="zeromismatch", tp_group=None):
+    """The trainer side's model: the project's (``build_trainer_model``) or, with ``trainer="megatron"``,
+    a Megatron-core model on the same kernels and seed's weights, at the TP degree of ``tp_group``."""
     from ..engine.llm import build_trainer_model
+
+    if trainer != "megatron":
+        return build_trainer_model(preset, kernels, dtype, seed, quant, tp_group=tp_group)
+    from ..integrations.megatron import build_megatron_model
+
+    tp_size = 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
+    return build_megatron_model(preset, kernels, dtype, seed, tp_size=tp_size)
+
+
+def _trainer_worker(
+    rank, group, preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order, trainer
+):
     from ..train.logprobs import compute_logprobs
 
-    model = build_trainer_model(preset, kernels, dtype, seed, quant, tp_group=group)
+    model = build_trainer(preset, kernels, dtype, seed, quant, trainer, tp_group=group)
     return compute_logprobs(model, prompts, responses, params, micro_batch_size=mbs, order=order)
 
 
 def trainer_logprobs(
-    preset, kernels, dtype, seed, quant, trainer_tp, outputs, model=None
+    preset, kernels, dtype, seed, quant, trainer_tp, outputs, model=None, trainer="zeromismatch"
 ) -> list[torch.Tensor]:
     """The trainer's recompute: packing independent of the engine (reverse order, ~thirds). ``model``:
     an already built trainer model (TP 1), else one is built from the preset in each worker."""
@@ -108,7 +123,7 @@ def trainer_logprobs(
     order = list(range(len(outputs)))[::-1]
     if model is not None:
         return compute_logprobs(model, prompts, responses, params, micro_batch_size=mbs, order=order)
-    args = (preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order)
+    args = (preset, kernels, dtype, seed, quant, prompts, responses, params, mbs, order, trainer)
     if trainer_tp == 1:
         return _trainer_worker(0, None, *args)
     return run_spmd(_trainer_worker, trainer_tp, *args)
@@ -157,13 +172,15 @@ def run_parity(
     kv_cache_dtype: str = "auto",
     rollout_lm_head: str = "fp32",
     checkpoint: str | None = None,
+    trainer: str = "zeromismatch",
 ) -> dict:
     """Engine (rollout numerics) vs trainer (learner numerics) on one workload; see the module
     docstring. ``dtype`` / ``quant`` / ``kernels`` are both sides' unless a ``rollout_*`` field overrides
     the engine's. The engine always holds the trainer's weights cast to its dtype and re-quantized to its
     format, as an RL weight update delivers them. ``checkpoint``: a ``zm train`` run directory (or one of
     its ``checkpoints/step_N`` directories) whose trained weights and task prompts are used instead of
-    the preset's random init and random tokens."""
+    the preset's random init and random tokens. ``trainer="megatron"``: the trainer side is a Megatron-core
+    model on the same kernels and weights (``integrations.megatron``), at ``trainer_tp``."""
     if logprobs_mode == "processed" and (temperature == 0 or top_k == 1):
         # the processed distribution is then one-hot: every logprob is exactly 0 on any kernels, and
         # "identical" would only say that both sides picked the same tokens
@@ -172,7 +189,7 @@ def run_parity(
             "the comparison would pass for any kernels; pass --logprobs-mode raw"
         )
     from ..engine import LLM
-    from ..engine.llm import build_preset, build_trainer_model
+    from ..engine.llm import build_preset
     from ..models import quantize_model, resolve_config
     from ..models.causal_lm import check_tp_degree
     from ..models.memory import check_weights_fit
@@ -213,6 +230,7 @@ def run_parity(
     config = resolve_config(model)
     check_tp_degree(config, tp, "--tp")
     check_tp_degree(config, trainer_tp, "--trainer-tp")
+    _check_trainer(trainer, config, trainer_tp, quant)
     if engine_quant != "none" and (tp > 1 or trainer_tp > 1):
         # refused here, before the rollout runs: each TP worker would fail on its own otherwise
         raise ValueError(
@@ -231,12 +249,17 @@ def run_parity(
     )  # fmt: skip
     trainer_model, prompts = None, None
     if trained is not None:
-        trainer_model, engine_model = trained.build(numerics, "learner"), trained.build(numerics, "rollout")
+        project = {**numerics, "trainer": "zeromismatch"}  # (a Megatron trainer is made from it below)
+        trainer_model, engine_model = trained.build(project, "learner"), trained.build(project, "rollout")
         prompts = trained.prompts(num_prompts)
         config = trainer_model.config
         params_kwargs["stop_token_ids"] = trained.stop_token_ids
+        if trainer == "megatron":
+            from ..integrations.megatron import from_causal_lm
+
+            trainer_model = from_causal_lm(trainer_model)
     elif trainer_tp == 1:
-        trainer_model = build_trainer_model(model, kernels, DTYPES[dtype], seed, quant)
+        trainer_model = build_trainer(model, kernels, DTYPES[dtype], seed, quant, trainer)
     if tp == 1:
         if trained is None:
             engine_model = build_preset(model, engine_kernels, DTYPES[engine_dtype], seed, None)
@@ -260,14 +283,16 @@ def run_parity(
         if tp > 1:
             llm.close()
     del llm
-    trainer = trainer_logprobs(model, kernels, DTYPES[dtype], seed, quant, trainer_tp, outputs, trainer_model)
+    recomputed = trainer_logprobs(
+        model, kernels, DTYPES[dtype], seed, quant, trainer_tp, outputs, trainer_model, trainer
+    )
     rollout = torch.cat([torch.tensor(o.logprobs, dtype=torch.float32) for o in outputs])
-    trainer = torch.cat(trainer)
-    result = diff_stats(rollout, trainer)
+    result = diff_stats(rollout, torch.cat(recomputed))
     result.update(stats)
     result.update(
         model=model, kernels=kernels, seed=seed, num_prompts=num_prompts, max_tokens=max_tokens, tp=tp,
-        trainer_tp=trainer_tp, prefill_chunk=prefill_chunk, max_num_seqs=max_num_seqs, quant=quant,
+        trainer=trainer, trainer_tp=trainer_tp, prefill_chunk=prefill_chunk, max_num_seqs=max_num_seqs,
+        quant=quant,
         dtype=dtype, temperature=temperature, top_k=top_k, top_p=top_p, logprobs_mode=logprobs_mode,
         rollout_kernels=engine_kernels, rollout_dtype=engine_dtype, rollout_quant=engine_quant,
         kv_cache_dtype=kv_cache_dtype, rollout_lm_head=rollout_lm_head,
@@ -277,7 +302,23 @@ def run_parity(
     return result
 
 
+def _check_trainer(trainer: str, config, trainer_tp: int, quant: str) -> None:
+    """``--trainer`` and what it can run, refused before the rollout (one ValueError each)."""
+    from ..rl.config import TRAINERS
+
+    if trainer not in TRAINERS:
+        raise ValueError(f"--trainer must be one of {TRAINERS}, got {trainer!r}")
+    if trainer != "megatron":
+        return
+    from ..integrations.megatron import check_megatron_model
+
+    check_megatron_model(config, trainer_tp)
+    if quant != "none":
+        raise ValueError(f"--trainer megatron has no fake-quantized forward; got --quant {quant}")
+
+
 def register(sub) -> None:
+    from ..rl.config import TRAINERS
     from .numerics import add_numerics_arguments
 
     p = sub.add_parser("parity", help="rollout-vs-trainer logprob diff on a randomized engine workload")
@@ -294,6 +335,9 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--tp", type=int, default=1, help="engine tensor-parallel degree")
     p.add_argument("--trainer-tp", type=int, default=1, help="trainer tensor-parallel degree")
+    p.add_argument("--trainer", default="zeromismatch", choices=TRAINERS,
+                   help="the trainer side's model code: the project's models, or megatron-core on the same "
+                        "kernels (extra 'megatron')")  # fmt: skip
     p.add_argument(
         "--prefill-chunk",
         type=int_at_least_or_none(1),
@@ -311,6 +355,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..integrations.megatron import MegatronUnavailableError
     from .numerics import resolve_numerics
 
     try:
@@ -338,8 +383,9 @@ def run(args) -> int:
             top_k=args.top_k,
             top_p=args.top_p,
             logprobs_mode=args.logprobs_mode,
+            trainer=args.trainer,
         )
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, MegatronUnavailableError) as err:
         print(f"zm parity: {err}", file=sys.stderr)
         return 2
     except EngineStepFailed as err:

@@ -26,6 +26,9 @@ from .stacks import NUMERICS_FIELDS, numerics_problems
 
 ALGOS = ("reinforce_zero", "reinforce", "grpo", "gspo", "ppo_clip", "tis")
 EXECUTORS = ("inprocess", "ray")
+#: the learner's implementation: the project's own models, or Megatron-core on the same kernels
+#: (zeromismatch.integrations.megatron, the ``megatron`` extra)
+TRAINERS = ("zeromismatch", "megatron")
 UPDATE_MODES = ("keep", "wait", "abort")
 #: config.json keys of earlier versions -> today's field
 RENAMED_FIELDS = {"lm_head_precision": "rollout_lm_head"}
@@ -38,6 +41,7 @@ class RLConfig:
     model: str = "tiny-qwen3"
     algo: str = "reinforce_zero"
     kernels: str = "aligned"  # the learner's kernel set
+    trainer: str = "zeromismatch"  # the learner's model code: one of TRAINERS
     rollout_kernels: str | None = None  # the engine's; None = same as the learner (aligned stack)
     dtype: str = "float32"  # the learner's master weights and activations; the engine's unless rollout_dtype
     quant: str = "none"  # both sides' weight format (the learner fake-quantizes its masters)
@@ -107,6 +111,8 @@ class RLConfig:
             raise bad("algo", f"must be one of {ALGOS}")
         if self.executor not in EXECUTORS:
             raise bad("executor", f"must be one of {EXECUTORS}")
+        if self.trainer not in TRAINERS:
+            raise bad("trainer", f"must be one of {TRAINERS}")
         from .warm_start import WARM_START_MODES
 
         if self.warm_start not in WARM_START_MODES:
@@ -169,6 +175,8 @@ class RLConfig:
                     raise bad(name, "the Ray executor neither checkpoints nor logs to wandb; "
                                     "use executor='inprocess' or leave it off")  # fmt: skip
         self._validate_sampling()
+        if self.trainer == "megatron":
+            self._validate_megatron()
         accepted = set(inspect.signature(LOSSES[self.algo]).parameters) - {"batch"}
         unknown = sorted(set(self.algo_options) - accepted)
         if unknown:
@@ -192,6 +200,13 @@ class RLConfig:
             raise ValueError(
                 f"RLConfig.temperature: RL samples at temperature > 0 (got {self.temperature!r})"
             )
+
+    def _validate_megatron(self) -> None:
+        """What the Megatron learner cannot run, refused now (its module imports no megatron-core)."""
+        from ..integrations.megatron.config import rl_config_problems
+
+        for name, why in rl_config_problems(self):
+            raise ValueError(f"RLConfig.{name}: {why} (got {getattr(self, name)!r} with trainer='megatron')")
 
     @property
     def engine_kernels(self) -> str:

@@ -8,6 +8,15 @@ importance weights. For the mismatch metrics it also recomputes, without gradien
 the logprobs under the weights that generated the batch (the "rollout version"):
 ``trainer(rollout version) − rollout`` is the kernel mismatch (exactly zero with an
 aligned stack), ``trainer(now) − trainer(rollout version)`` the weight lag.
+
+``RLConfig.trainer`` picks the learner's model: the project's ``CausalLM`` or, with "megatron", a
+Megatron-core ``GPTModel`` on the same kernels (``integrations.megatron.MegatronCausalLM``, which
+offers the same trainer interface). Either way the optimizer is torch's AdamW over
+``model.parameters()``, not Megatron's (Distributed)Optimizer: that one needs Megatron's DDP
+wrapper (contiguous ``main_grad`` buffers, data-parallel groups) and keeps its own state layout,
+while this learner has no data parallelism to shard over (one process, TP 1) and its checkpoints,
+resume and weights hash are the torch optimizer's ``state_dict`` and the HF tensors. AdamW's update
+is elementwise, so on TP shards it is the update Megatron's non-distributed optimizer makes.
 """
 
 from __future__ import annotations
@@ -48,6 +57,12 @@ def build_policy(config: RLConfig, side: str = "learner"):
     fmt = config.quant if learner else config.engine_quant
     if fmt != "none":
         (fake_quantize_model if learner else quantize_model)(model, fmt)
+    if learner and config.trainer == "megatron":
+        # the same weights in a Megatron-core GPTModel on the same kernels (megatron-core is imported
+        # here only: the core package does not depend on the integration)
+        from ..integrations.megatron import from_causal_lm
+
+        return from_causal_lm(model)
     return model
 
 

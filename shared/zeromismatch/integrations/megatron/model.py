@@ -1,0 +1,309 @@
+"""``MegatronCausalLM``: a Megatron-core ``GPTModel`` behind the interface of the project's ``CausalLM``.
+
+The ``GPTModel`` (``self.gpt``) is built from the layer specs of ``specs.py``, so every op of its
+forward is a KernelSet op, and its output layer is ``KernelOutputLayer`` (fp32 ``lm_head``). Around
+it, the trainer-side interface the project's code uses on a ``CausalLM``:
+
+- ``forward(batch)`` -> final-normed hidden states ``[T, hidden]`` of a trainer-mode
+  ``ForwardBatch``, run as Megatron's packed ``thd`` format (``PackedSeqParams``) through the
+  GPTModel's own embedding and decoder; ``compute_logits(hidden)`` -> fp32 logits through its
+  output layer (gathered over the vocabulary). So ``train.logprobs.compute_logprobs`` runs on it
+  unchanged, micro-batching and row selection included. ``padded_logits`` runs the whole
+  ``GPTModel.forward`` on a right-padded ``sbhd`` batch.
+- ``state_dict_hf`` / ``load_state_dict_hf`` / ``hf_tensor_shapes`` in HF names and full shapes
+  (``weights.py``; gathered over the TP group on save, sliced on load, validated before any copy),
+  so checkpoints, weight hashes, engine updates and resume see the same tensors as from a
+  ``CausalLM``.
+- ``parameters()``: Megatron's own parameters (this rank's shards), for any torch optimizer.
+- ``kernels`` / ``set_kernels``: one KernelSlot shared by every module.
+
+Engine mode (a ``ModelCache``) is not offered: the rollout side stays the project's engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch import nn
+
+from ...kernels.base import KernelSet
+from ...models.batch import ForwardBatch
+from ...models.config import ModelConfig
+from .config import check_megatron_model, transformer_config
+from .runtime import ensure_parallel_state, import_megatron
+
+_IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@contextlib.contextmanager
+def _quiet_megatron_build():
+    """Megatron logs a warning for every layer whose MLP class it does not know (ours); the
+    subclass takes the default TP group, as intended, so the notice is dropped while building."""
+    logger = logging.getLogger("megatron.core.transformer.transformer_layer")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _kernel_gpt_class():
+    """``GPTModel`` with its output layer on the KernelSet (GPTModel builds a stock
+    ``ColumnParallelLinear`` itself, outside any spec; it is replaced, same shape and sharding)."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from .layers import KernelOutputLayer
+
+    class KernelGPTModel(GPTModel):
+        def __init__(self, config, transformer_layer_spec, *, kernel_slot, **kwargs):
+            super().__init__(config, transformer_layer_spec, **kwargs)
+            if self.post_process:
+                tied = self.pre_process and self.share_embeddings_and_output_weights
+                self.output_layer = KernelOutputLayer(
+                    config.hidden_size, self.vocab_size, config=config, init_method=config.init_method,
+                    bias=False, skip_bias_add=False, gather_output=not self.parallel_output,
+                    skip_weight_param_allocation=tied, tp_group=self.pg_collection.tp, kernels=kernel_slot,
+                )  # fmt: skip
+
+    return KernelGPTModel
+
+
+class MegatronCausalLM(nn.Module):
+    """A Megatron ``GPTModel`` on the KernelSet; see the module docstring.
+
+    ``stock_spec=True`` builds Megatron's own local spec on the same parameter names instead (torch
+    ops, Megatron's RoPE and attention): the comparison that shows what the kernel specs change, not a
+    learner. On a CPU its RoPE, default mask and dropout RNG fork need CUDA; the tests shim them
+    (tests/megatron/megatron_helpers.py)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        kernels: str | KernelSet = "aligned",
+        dtype: torch.dtype = torch.float32,
+        tp_size: int = 1,
+        stock_spec: bool = False,
+    ):
+        super().__init__()
+        check_megatron_model(config, tp_size)
+        import_megatron()
+        ensure_parallel_state(tp_size)
+        from .layers import KernelSlot
+        from .runtime import tp_rank_and_size
+        from .weights import family_maps
+
+        self.config = config
+        self.family = config.family
+        self._init_args = (config, dtype, tp_size, stock_spec)
+        self._slot = KernelSlot(kernels)
+        self.tp_rank, self.tp_size = tp_rank_and_size()
+        mcfg = transformer_config(config, dtype, tp_size)
+        with _quiet_megatron_build():
+            self.gpt = self._build_gpt(mcfg, config, stock_spec)
+        self.maps = family_maps(config)
+        names = {name for name, _ in self.gpt.named_parameters()}
+        mapped = {m.megatron for m in self.maps}
+        if names != mapped:  # a spec and its weight map out of step is a bug here, not bad input
+            raise RuntimeError(f"Megatron weight map mismatch: unmapped {sorted(names - mapped)}, "
+                               f"missing {sorted(mapped - names)}")  # fmt: skip
+
+    def _build_gpt(self, mcfg, config: ModelConfig, stock_spec: bool):
+        from .specs import block_spec, stock_local_block_spec
+
+        common = dict(
+            vocab_size=config.vocab_size, max_sequence_length=config.max_position_embeddings,
+            parallel_output=False, share_embeddings_and_output_weights=config.tie_word_embeddings,
+        )  # fmt: skip
+        if stock_spec:  # Megatron's own numerics on the same parameters (the comparison, not the learner)
+            from megatron.core.models.gpt.gpt_model import GPTModel
+
+            return GPTModel(
+                mcfg, stock_local_block_spec(config), position_embedding_type="rope",
+                rotary_base=int(config.rope_theta), **common,
+            )  # fmt: skip
+        return _kernel_gpt_class()(
+            mcfg, block_spec(config, self._slot), position_embedding_type="none", kernel_slot=self._slot,
+            **common,
+        )  # fmt: skip
+
+    # ---- kernels --------------------------------------------------------------------------------
+    @property
+    def kernels(self) -> KernelSet:
+        return self._slot.kernels
+
+    def set_kernels(self, name_or_set: str | KernelSet) -> None:
+        from ...kernels import get_kernels
+
+        self._slot.kernels = get_kernels(name_or_set)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.gpt.embedding.word_embeddings.weight.dtype
+
+    @property
+    def tp_group(self):
+        return self.gpt.pg_collection.tp
+
+    # ---- forward ----------------------------------------------------------------------------------
+    def forward(self, batch: ForwardBatch, cache=None) -> torch.Tensor:
+        """Final-normed hidden states ``[T, hidden]`` of a trainer-mode batch (packed thd)."""
+        if cache is not None:
+            raise ValueError("the Megatron learner has no engine mode: forward takes no cache")
+        if not isinstance(batch, ForwardBatch):
+            raise TypeError(f"forward takes a ForwardBatch, got {type(batch).__name__}")
+        if not torch.equal(batch.kv_lens.to(torch.int64), batch.q_lens.to(torch.int64)):
+            raise ValueError("the Megatron learner needs complete sequences (kv_lens == q_lens)")
+        from .attention import KernelPackedSeqParams
+
+        ids = batch.input_ids
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
+            raise ValueError(f"batch.input_ids has ids outside [0, {self.config.vocab_size})")
+        lens = batch.q_lens
+        packed = KernelPackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=batch.cu_seqlens_q, cu_seqlens_kv=batch.cu_seqlens_q,
+            max_seqlen_q=int(lens.max()), max_seqlen_kv=int(lens.max()), positions=batch.positions,
+        )  # fmt: skip
+        ids = ids[None, :]
+        embedded = self.gpt.embedding(input_ids=ids, position_ids=batch.positions[None, :])
+        hidden = self.gpt.decoder(hidden_states=embedded, attention_mask=None, packed_seq_params=packed)
+        return hidden.squeeze(1)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[T, vocab]`` through the output layer (the KernelSet's ``lm_head``)."""
+        weight = self.gpt.shared_embedding_or_output_weight() if self.config.tie_word_embeddings else None
+        logits, _ = self.gpt.output_layer(hidden, weight=weight, runtime_gather_output=True)
+        return logits
+
+    def padded_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``GPTModel.forward`` end to end on right-padded sequences ``[b, s]`` (Megatron's sbhd
+        layout, causal mask): logits ``[b, s, vocab]``, position ``[i, j]`` predicting token j + 1
+        of row i (rows past a sequence's end are padding)."""
+        positions = torch.arange(input_ids.shape[1], dtype=torch.int64).expand_as(input_ids)
+        return self.gpt(input_ids, positions, None, runtime_gather_output=True)
+
+    # ---- HF state dict ------------------------------------------------------------------------------
+    def _params(self) -> dict[str, nn.Parameter]:
+        return dict(self.gpt.named_parameters())
+
+    def hf_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        from .weights import full_shape
+
+        params, shapes = self._params(), {}
+        for m in self.maps:
+            full = full_shape(m.kind, tuple(params[m.megatron].shape), self.tp_size)
+            shapes.update(zip(m.hf, m.hf_shapes(full)))
+        return shapes
+
+    def state_dict_hf(self) -> dict[str, torch.Tensor]:
+        """Full HF-named tensors (gathered over the TP group: a collective when TP > 1)."""
+        from .weights import REPLICATED_KINDS
+
+        params, out = self._params(), {}
+        for m in self.maps:
+            local = params[m.megatron].detach()
+            per_rank = [local] if m.kind in REPLICATED_KINDS else self._gather(local)
+            for name, tensor in zip(m.hf, m.to_hf(per_rank)):
+                out[name] = tensor.clone().contiguous()
+        return out
+
+    def _gather(self, local: torch.Tensor) -> list[torch.Tensor]:
+        if self.tp_size == 1:
+            return [local]
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(local) for _ in range(self.tp_size)]
+        dist.all_gather(parts, local.contiguous(), group=self.tp_group)
+        return parts
+
+    def load_state_dict_hf(self, state_dict: dict[str, torch.Tensor], source: str = "state dict") -> None:
+        """Copy full HF-named tensors in (this rank's slices); everything is validated first, each
+        problem one ValueError naming the tensor (a shape that does not fit this spec included)."""
+        self._validate(state_dict, source)
+        params = self._params()
+        with torch.no_grad():
+            for m in self.maps:
+                local = m.to_megatron([state_dict[n] for n in m.hf], self.tp_rank, self.tp_size)
+                params[m.megatron].copy_(local)
+
+    def _validate(self, state_dict, source: str) -> None:
+        expected = self.hf_tensor_shapes()
+        missing = [name for name in expected if name not in state_dict]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise ValueError(f"{source}: missing tensor {missing[0]!r}{more}")
+        unexpected = sorted(n for n in state_dict if n not in expected and not self._ignorable(n))
+        if unexpected:
+            more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+            raise ValueError(
+                f"{source}: unexpected tensor {unexpected[0]!r}{more} for the Megatron {self.family} spec"
+            )
+        for name, shape in expected.items():
+            tensor = state_dict[name]
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{source}: tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
+            if tuple(tensor.shape) != shape:
+                raise ValueError(
+                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}; the Megatron "
+                    f"{self.family} spec expects {shape}"
+                )
+            if not tensor.is_floating_point():
+                raise ValueError(
+                    f"{source}: tensor {name!r} has dtype {tensor.dtype}, expected a floating dtype"
+                )
+            if not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"{source}: tensor {name!r} contains NaN or Inf values")
+        head = state_dict.get("lm_head.weight")
+        if self.config.tie_word_embeddings and head is not None:
+            embedding = state_dict["model.embed_tokens.weight"]
+            if head.shape != embedding.shape or not torch.equal(head, embedding):
+                raise ValueError(
+                    f"{source}: tie_word_embeddings is true but tensor 'lm_head.weight' differs from "
+                    "'model.embed_tokens.weight'; the model would use the embedding and drop this head"
+                )
+
+    def _ignorable(self, name: str) -> bool:
+        tied_head = self.config.tie_word_embeddings and name == "lm_head.weight"
+        return name.endswith(_IGNORABLE_SUFFIXES) or tied_head
+
+    # ---- copies ------------------------------------------------------------------------------
+    def __deepcopy__(self, memo):
+        """A fresh model with the same spec, kernels and weights (Megatron modules hold process
+        groups, which cannot be copied). The learner's shadow model is made this way."""
+        config, dtype, tp_size, stock_spec = self._init_args
+        twin = MegatronCausalLM(config, self.kernels, dtype, tp_size, stock_spec)
+        twin.load_state_dict_hf(self.state_dict_hf(), source="copy")
+        twin.train(self.training)
+        return twin
+
+
+def build_megatron_model(
+    config_or_preset: ModelConfig | str | dict,
+    kernels: str | KernelSet = "aligned",
+    dtype: torch.dtype = torch.float32,
+    seed: int | None = 0,
+    tp_size: int = 1,
+    stock_spec: bool = False,
+) -> MegatronCausalLM:
+    """A ``MegatronCausalLM`` for a preset / HF config, holding the weights the project's
+    ``models.build_model(..., seed=seed)`` draws (the same HF tensors, so both learners and the engine
+    start from the same bits); ``seed=None`` leaves them for the caller to load."""
+    from ...models import build_model, resolve_config
+
+    config = resolve_config(config_or_preset)
+    check_megatron_model(config, tp_size)
+    model = MegatronCausalLM(config, kernels, dtype, tp_size, stock_spec)
+    if seed is not None:
+        reference = build_model(config, kernels=kernels, dtype=dtype, seed=seed)
+        model.load_state_dict_hf(reference.state_dict_hf(), source="random init")
+    return model
+
+
+def from_causal_lm(model, tp_size: int = 1) -> MegatronCausalLM:
+    """The Megatron learner holding ``model``'s weights (a project ``CausalLM``), in its config,
+    kernel set and dtype: how ``rl.learner.build_policy`` makes a ``trainer="megatron"`` learner."""
+    twin = MegatronCausalLM(model.config, model.kernels, model.dtype, tp_size)
+    twin.load_state_dict_hf(model.state_dict_hf(), source=f"{type(model).__name__} weights")
+    return twin

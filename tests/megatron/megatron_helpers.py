@@ -1,0 +1,115 @@
+"""Shared pieces of the Megatron-learner tests: inputs, the project's reference outputs, gradients in
+HF names, and the tensor-parallel worker (run by ``engine.tp.run_spmd``)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from zeromismatch.models import ForwardBatch, build_model
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LENGTHS = (7, 3, 12, 1)
+
+
+def sequences(seed: int = 0, lengths=LENGTHS, vocab: int = 512) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen) for n in lengths]
+
+
+def right_padded(seqs: list[torch.Tensor], pad: int = 0) -> torch.Tensor:
+    """``[b, max_len]`` ids, each row one sequence followed by ``pad`` tokens."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = s
+    return out
+
+
+def unpad(padded: torch.Tensor, seqs: list[torch.Tensor]) -> torch.Tensor:
+    """The rows of ``padded [b, s, ...]`` that hold real tokens, packed in sequence order."""
+    return torch.cat([padded[i, : len(s)] for i, s in enumerate(seqs)])
+
+
+def packed_logits(model, seqs: list[torch.Tensor]) -> torch.Tensor:
+    """Trainer-mode logits of a project ``CausalLM`` or a ``MegatronCausalLM`` (packed thd)."""
+    with torch.no_grad():
+        return model.compute_logits(model(ForwardBatch.for_training(seqs)))
+
+
+def project_logits(preset: str, kernels: str, dtype: torch.dtype, seqs, seed: int = 0) -> torch.Tensor:
+    return packed_logits(build_model(preset, kernels=kernels, dtype=dtype, seed=seed), seqs)
+
+
+def loss_of(model, seqs: list[torch.Tensor]) -> torch.Tensor:
+    """A next-token NLL over every position (fp32 logits), for gradient comparisons."""
+    logits = model.compute_logits(model(ForwardBatch.for_training(seqs)))
+    targets = torch.cat([s.roll(-1) for s in seqs])
+    return -torch.log_softmax(logits, -1).gather(1, targets[:, None]).mean()
+
+
+def hf_grads(model) -> dict[str, torch.Tensor]:
+    """A ``MegatronCausalLM``'s parameter gradients as full HF-named tensors (gathered over TP)."""
+    params = dict(model.gpt.named_parameters())
+    out = {}
+    for m in model.maps:
+        grad = params[m.megatron].grad
+        per_rank = [grad] if m.kind in ("replicated", "experts") else model._gather(grad)
+        out.update(zip(m.hf, (t.clone() for t in m.to_hf(per_rank))))
+    return out
+
+
+def grad_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(max |a - b| over every tensor, max over tensors of that tensor's max |a - b| / max |a|)."""
+    absolute = max(float((a[k] - b[k]).abs().max()) for k in a)
+    relative = max(float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a)
+    return absolute, relative
+
+
+@contextlib.contextmanager
+def cpu_shims_for_stock_spec():
+    """Megatron's stock local spec touches CUDA in three places on its way through a forward: RoPE
+    frequencies moved to ``torch.cuda.current_device()``, the default causal mask built on "cuda",
+    and the dropout RNG fork (a CUDA RNG state). The stock comparison passes its own mask and runs
+    under these two patches; the kernel specs need none of them."""
+    from megatron.core import tensor_parallel
+
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    saved_device, saved_fork = torch.cuda.current_device, tracker.fork
+    torch.cuda.current_device = lambda: "cpu"
+    tracker.fork = lambda *args, **kwargs: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        torch.cuda.current_device, tracker.fork = saved_device, saved_fork
+
+
+def stock_padded_logits(model, seqs: list[torch.Tensor]) -> torch.Tensor:
+    """``GPTModel.forward`` of a stock-spec model on equal-length sequences, with an explicit mask."""
+    ids = torch.stack(seqs)
+    length = ids.shape[1]
+    mask = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)[None, None]
+    with torch.no_grad(), cpu_shims_for_stock_spec():
+        logits = model.gpt(ids, torch.arange(length).expand_as(ids), mask, runtime_gather_output=True)
+    return logits.reshape(-1, logits.shape[-1])
+
+
+def tp_worker(rank, group, preset: str, kernels: str, seqs: list[torch.Tensor]) -> dict:
+    """One TP rank: fp32 logits (thd and sbhd), the same under the default set, HF state dict,
+    gradients of ``loss_of``; bf16 thd logits; all gathered as full tensors (rank 0's are returned)."""
+    from zeromismatch.integrations.megatron import build_megatron_model
+
+    size = torch.distributed.get_world_size(group)
+    model = build_megatron_model(preset, kernels, torch.float32, seed=0, tp_size=size)
+    out = {"thd": packed_logits(model, seqs)}
+    with torch.no_grad():
+        out["sbhd"] = unpad(model.padded_logits(right_padded(seqs)), seqs)
+    model.set_kernels("default")
+    out["default_thd"] = packed_logits(model, seqs)
+    model.set_kernels(kernels)
+    out["state"] = model.state_dict_hf()
+    loss_of(model, seqs).backward()
+    out["grads"] = hf_grads(model)
+    bf16 = build_megatron_model(preset, kernels, torch.bfloat16, seed=0, tp_size=size)
+    out["bf16_thd"] = packed_logits(bf16, seqs)
+    return out
