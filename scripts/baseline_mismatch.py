@@ -45,14 +45,24 @@ def measure(name: str, warm_root: Path, num_prompts: int, quiet: bool) -> dict:
 
     exp = experiment(name)
     config = warm_start_config(exp)
-    where = warm_root / name
-    trained = None
-    if (where / "checkpoints").is_dir():
+    shared_key = None
+    if config.warm_start == "shared":
+        # the very bits the arms start RL from: the shared warm start of the recipe (rl/warm_start.py),
+        # cached under the warm root; its hash is every arm's summary ``warm_start_sha256``
+        from zeromismatch.rl.warm_start import shared_warm_start
+
+        shared = shared_warm_start(config, quiet=quiet, root=warm_root / "shared")
+        where, shared_key = shared.path, shared.key
         trained = load_trained_policy(where)
-        if trained.config.to_dict() != config.to_dict():
-            raise ValueError(f"{where} holds another warm start than {name}'s config; remove it")
-    if trained is None:
-        trained = make_warm_start(config, where, quiet=quiet)
+    else:
+        where = warm_root / name
+        trained = None
+        if (where / "checkpoints").is_dir():
+            trained = load_trained_policy(where)
+            if trained.config.to_dict() != config.to_dict():
+                raise ValueError(f"{where} holds another warm start than {name}'s config; remove it")
+        if trained is None:
+            trained = make_warm_start(config, where, quiet=quiet)
     rows = {}
     bar = tqdm(sorted(STACKS), desc=name, disable=quiet, leave=False)
     for stack in bar:
@@ -72,7 +82,8 @@ def measure(name: str, warm_root: Path, num_prompts: int, quiet: bool) -> dict:
         "experiment": name,
         "model": config.model,
         "env": config.env,
-        "warm_start": {"sft_steps": config.sft_steps, "weights_sha256": trained.weights_sha256},
+        "warm_start": {"sft_steps": config.sft_steps, "weights_sha256": trained.weights_sha256,
+                       "shared_key": shared_key},
         "num_prompts": num_prompts,
         "max_tokens": config.max_new_tokens,
         "stacks": rows,
