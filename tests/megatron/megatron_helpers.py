@@ -53,6 +53,8 @@ def hf_grads(model) -> dict[str, torch.Tensor]:
     params = dict(model.gpt.named_parameters())
     out = {}
     for m in model.maps:
+        if m.megatron not in params:
+            continue  # a buffer (a sigmoid router's e_score_correction_bias): no gradient
         grad = params[m.megatron].grad
         per_rank = [grad] if m.kind in ("replicated", "experts") else model._gather(grad)
         out.update(zip(m.hf, (t.clone() for t in m.to_hf(per_rank))))
@@ -113,3 +115,8 @@ def tp_worker(rank, group, preset: str, kernels: str, seqs: list[torch.Tensor]) 
     bf16 = build_megatron_model(preset, kernels, torch.bfloat16, seed=0, tp_size=size)
     out["bf16_thd"] = packed_logits(bf16, seqs)
     return out
+
+
+def tp_worker_presets(rank, group, presets: list[str], kernels: str, seqs: list[torch.Tensor]) -> dict:
+    """``tp_worker`` for each preset in turn, in one pair of spawned ranks."""
+    return {preset: tp_worker(rank, group, preset, kernels, seqs) for preset in presets}

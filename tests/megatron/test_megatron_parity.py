@@ -24,7 +24,7 @@ from zeromismatch.train.logprobs import recompute_outputs
 pytestmark = pytest.mark.megatron
 
 KERNELS = ["aligned", pytest.param("aligned-native", marks=pytest.mark.native)]
-PRESETS = ["tiny-qwen3", "tiny-qwen3-moe"]  # the families with a Megatron spec
+PRESETS = ["tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h"]  # every family
 SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.95, max_tokens=6)
 
 
@@ -73,6 +73,28 @@ def test_padded_sbhd_and_packed_thd_logits_equal_the_project_trainer(preset, ker
     assert float((default - reference).abs().max()) > 0
 
 
+@pytest.mark.parametrize("overrides", [{}, {"q_lora_rank": None, "rope_interleave": False}])
+def test_deepseek_mla_variants_and_the_router_correction_bias(overrides):
+    # the correction bias only selects experts (a zero bias in the random init would not show it
+    # is read), and MLA without the q low-rank path / without the interleaved RoPE layout
+    from zeromismatch.models import preset_dict
+
+    config = {**preset_dict("tiny-deepseek-v3"), **overrides}
+    project = build_model(config, seed=4)
+    state = project.state_dict_hf()
+    gen = torch.Generator().manual_seed(0)
+    for name in [n for n in state if n.endswith("e_score_correction_bias")]:
+        state[name] = torch.randn(state[name].shape, generator=gen)
+    project.load_state_dict_hf(state)
+    megatron = from_causal_lm(project)
+    seqs = sequences(seed=6)
+    reference = packed_logits(project, seqs)
+    assert torch.equal(packed_logits(megatron, seqs), reference)
+    unbiased = {**state, **{n: torch.zeros_like(t) for n, t in state.items() if "correction" in n}}
+    megatron.load_state_dict_hf(unbiased)  # inverse: the bias changes which experts run
+    assert float((packed_logits(megatron, seqs) - reference).abs().max()) > 0
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the stock modules' own deprecation notices
 def test_megatron_stock_local_spec_differs_on_the_same_weights():
     # Megatron's own modules (torch norms and linears, its RoPE and softmax attention), same weights
@@ -85,7 +107,9 @@ def test_megatron_stock_local_spec_differs_on_the_same_weights():
     assert torch.equal(packed_logits(kernel_spec, seqs), reference)
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize(
+    "preset", [*PRESETS[:2], *(pytest.param(p, marks=pytest.mark.slow) for p in PRESETS[2:])]
+)
 def test_zm_parity_trainer_megatron_prints_exact_zeros(capsys, preset):
     from zeromismatch.cli import main
 

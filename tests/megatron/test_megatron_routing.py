@@ -60,7 +60,7 @@ class _Audit(TorchFunctionMode):
 
 
 @pytest.mark.parametrize("grad", [False, True])
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h"])
 def test_no_math_outside_kernels_in_the_megatron_model(preset, grad):
     kernels = _CountingKernels()
     model = build_megatron_model(preset, kernels=kernels, seed=0)
@@ -70,9 +70,20 @@ def test_no_math_outside_kernels_in_the_megatron_model(preset, grad):
         model.compute_logits(model(ForwardBatch.for_training(seqs)))
         model.padded_logits(right_padded(seqs))
     assert audit.violations == []
-    expected = {"linear", "row_parallel_linear", "rms_norm", "rope", "attention", "lm_head"}
-    expected |= {"moe_route", "moe_experts"} if preset == "tiny-qwen3-moe" else {"silu_mul"}
-    assert expected <= kernels.calls.keys()
     layers = model.config.num_hidden_layers
-    assert kernels.calls["attention"] == 2 * layers and kernels.calls["lm_head"] == 2
-    assert kernels.calls["rms_norm"] == 2 * (4 * layers + 1)  # input, pre-MLP, q, k per layer; final
+    assert kernels.calls["lm_head"] == 2
+    if preset == "tiny-nemotron-h":  # "M*M-E": one pre-norm per block, no RoPE
+        expected = {"linear", "row_parallel_linear", "attention", "causal_conv1d", "ssm_scan",
+                    "gated_rms_norm", "relu2", "moe_route", "moe_experts"}  # fmt: skip
+        assert expected <= kernels.calls.keys() and "rope" not in kernels.calls
+        assert kernels.calls["ssm_scan"] == kernels.calls["causal_conv1d"] == 2 * 2
+        assert kernels.calls["attention"] == 2 and kernels.calls["rms_norm"] == 2 * (layers + 1)
+        return
+    expected = {"linear", "row_parallel_linear", "rms_norm", "rope", "attention"}
+    expected |= {"moe_route", "moe_experts"} if preset != "tiny-qwen3" else set()
+    expected |= {"silu_mul"} if preset != "tiny-qwen3-moe" else set()
+    assert expected <= kernels.calls.keys()
+    assert kernels.calls["attention"] == 2 * layers
+    # input, pre-MLP and q, k norms per layer (MLA: its q and kv low-rank norms); the final norm
+    assert kernels.calls["rms_norm"] == 2 * (4 * layers + 1)
+    assert kernels.calls["rope"] == 2 * layers * (2 if preset == "tiny-deepseek-v3" else 1)

@@ -8,14 +8,16 @@ import torch
 from megatron_helpers import DTYPES
 
 from zeromismatch.integrations.megatron import NoMegatronSpecError, build_megatron_model, check_megatron_model
-from zeromismatch.integrations.megatron.weights import TensorMap, qwen3_maps
+from zeromismatch.integrations.megatron.weights import TensorMap, family_maps
 from zeromismatch.models import build_model, resolve_config
 
 pytestmark = pytest.mark.megatron
 
+SPEC_PRESETS = ["tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h"]
+
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("preset", SPEC_PRESETS)
 def test_hf_to_megatron_to_hf_is_the_same_bytes(preset, dtype):
     reference = build_model(preset, dtype=DTYPES[dtype], seed=3).state_dict_hf()
     model = build_megatron_model(preset, dtype=DTYPES[dtype], seed=None)
@@ -47,7 +49,7 @@ def test_fused_layouts_are_megatrons():
     assert torch.equal(fc1, torch.cat([gate, up]))
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("preset", SPEC_PRESETS)
 @pytest.mark.parametrize("size", [2, 4])
 def test_tp_slices_reassemble_to_the_hf_tensors(size, preset):
     # each rank's slice, built alone from the full HF tensors, and put back together from all ranks
@@ -55,7 +57,7 @@ def test_tp_slices_reassemble_to_the_hf_tensors(size, preset):
 
     config = resolve_config({**preset_dict(preset), "num_key_value_heads": 4})
     hf = build_model(config, seed=2).state_dict_hf()
-    for m in qwen3_maps(config):
+    for m in family_maps(config):
         sources = [hf[name] for name in m.hf]
         per_rank = [m.to_megatron(sources, rank, size) for rank in range(size)]
         for name, tensor in zip(m.hf, m.to_hf(per_rank)):
@@ -73,7 +75,7 @@ def _qwen3_dict() -> dict:
 
 
 def test_a_checkpoint_whose_shapes_do_not_fit_the_spec_is_one_error_naming_the_tensor():
-    model = build_megatron_model("tiny-qwen3", seed=None)
+    model = build_megatron_model("tiny-qwen3", seed=1)  # initialised: empty memory can hold NaN
     state = build_model("tiny-qwen3", seed=0).state_dict_hf()
     before = {k: v.clone() for k, v in model.state_dict_hf().items()}
     state["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(64, 128)
@@ -91,11 +93,35 @@ def test_a_checkpoint_whose_shapes_do_not_fit_the_spec_is_one_error_naming_the_t
         model.load_state_dict_hf(wider, source="ckpt")
 
 
-@pytest.mark.parametrize("preset", ["tiny-deepseek-v3", "tiny-nemotron-h"])
-def test_a_family_without_a_spec_is_one_error_naming_it(preset):
-    family = resolve_config(preset).family
-    with pytest.raises(NoMegatronSpecError, match=f"^no Megatron spec for family '{family}'"):
-        build_megatron_model(preset)
+def test_a_family_without_a_spec_is_one_error_naming_it():
+    # every family of models/ has a spec; a config of another family is refused before any build
+    import dataclasses
+
+    config = dataclasses.replace(resolve_config("tiny-qwen3"), family="llama")
+    with pytest.raises(NoMegatronSpecError, match="^no Megatron spec for family 'llama'"):
+        build_megatron_model(config)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "why"),
+    [("tiny-deepseek-v3", {"n_shared_experts": 0}, "a deepseek_v3 model with n_shared_experts=0"),
+     ("tiny-nemotron-h", {"mlp_bias": True}, "a nemotron_h model with mlp_bias or use_bias true")],
+)  # fmt: skip
+def test_a_variant_without_a_spec_is_one_error(preset, overrides, why):
+    from zeromismatch.models import preset_dict
+
+    config = resolve_config({**preset_dict(preset), **overrides})
+    with pytest.raises(NoMegatronSpecError, match=f"^no Megatron spec for {why}"):
+        build_megatron_model(config)
+
+
+def test_deepseek_mtp_layers_are_skipped_on_load_as_the_project_skips_them():
+    state = build_model("tiny-deepseek-v3", seed=0).state_dict_hf()
+    model = build_megatron_model("tiny-deepseek-v3", seed=None)
+    model.load_state_dict_hf({**state, "model.layers.3.eh_proj.weight": torch.zeros(128, 256)})
+    assert all(torch.equal(model.state_dict_hf()[k], state[k]) for k in state)
+    with pytest.raises(ValueError, match="unexpected tensor 'model.layers.2.extra.weight'"):
+        model.load_state_dict_hf({**state, "model.layers.2.extra.weight": torch.zeros(2)})
 
 
 @pytest.mark.parametrize(
@@ -116,3 +142,8 @@ def test_tp_degree_must_match_the_process_group():
     build_megatron_model("tiny-qwen3", seed=None)  # (this process's one-rank group, made once)
     with pytest.raises(ValueError, match="tensor-parallel degree 2 must equal the world size 1"):
         build_megatron_model("tiny-qwen3", tp_size=2)
+
+
+def test_the_stock_local_spec_comparison_is_qwen3_only():
+    with pytest.raises(ValueError, match="^stock_spec=True .* qwen3 only, got 'deepseek_v3'$"):
+        build_megatron_model("tiny-deepseek-v3", seed=None, stock_spec=True)

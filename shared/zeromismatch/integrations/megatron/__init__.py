@@ -1,8 +1,9 @@
 """A Megatron-core learner on the project's kernels (megatron-core 0.16.1, the ``megatron`` extra).
 
 A Megatron ``GPTModel`` built from layer specs whose modules call the KernelSet for every op
-(``specs.py``: linears, norms, RoPE, attention, SwiGLU, MoE routing and experts, the fp32 LM head;
-families: Qwen3 and Qwen3-MoE), wrapped with the
+(``specs.py``: linears, norms, RoPE, attention, MLA (``mla.py``), SwiGLU / relu2, MoE routing and
+experts, the Mamba2 mixer (``hybrid.py``, in Megatron's ``MambaStack``), the fp32 LM head; families:
+Qwen3, Qwen3-MoE, DeepSeek-V3, Nemotron-H; Nemotron-H's model is a ``MambaModel``), wrapped with the
 trainer-side interface of the project's ``CausalLM`` (``model.py``), with HF <-> Megatron weight
 maps (``weights.py``) and tensor parallelism over gloo (``runtime.py``). With the aligned kernels
 its logprobs are bitwise the project's engine's. ``docs/megatron.md`` has the map and the numbers.

@@ -45,6 +45,23 @@ def positions_from_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
     return torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(cu[:-1], lens)
 
 
+def token_layout(hidden_states: torch.Tensor, packed_seq_params):
+    """A layer input ``[s, b, h]`` as packed tokens ``[T, h]`` with its sequence offsets, positions and
+    the map back: ``thd`` (``b == 1``, sequences packed by ``cu_seqlens_q``) or ``sbhd`` (each of the
+    ``b`` rows one sequence from position 0, right-padded to ``s``)."""
+    if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+        cu = packed_seq_params.cu_seqlens_q
+        positions = getattr(packed_seq_params, "positions", None)
+        if positions is None:
+            positions = positions_from_offsets(cu)
+        return hidden_states[:, 0], cu, positions, lambda out: out[:, None]
+    seq, batch = hidden_states.shape[:2]
+    x = hidden_states.transpose(0, 1).reshape(batch * seq, hidden_states.shape[-1])
+    cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int64)
+    positions = torch.arange(seq, dtype=torch.int64).repeat(batch)
+    return x, cu, positions, lambda out: out.reshape(batch, seq, -1).transpose(0, 1)
+
+
 class KernelCoreAttention(MegatronModule):
     """``core_attention`` for ``SelfAttention``: RoPE + causal attention on the KernelSet."""
 

@@ -17,7 +17,7 @@ from ...models.causal_lm import check_tp_degree
 from ...models.config import ModelConfig
 
 #: families with a Megatron layer spec here (``specs.py``); the rest get one clear error
-SPEC_FAMILIES = ("qwen3", "qwen3_moe")
+SPEC_FAMILIES = ("qwen3", "qwen3_moe", "deepseek_v3", "nemotron_h")
 
 
 class NoMegatronSpecError(ValueError):
@@ -36,6 +36,16 @@ def check_megatron_model(config: ModelConfig, tp_size: int) -> None:
         raise NoMegatronSpecError(
             f"no Megatron spec for a {config.family} model with attention_bias=true (Megatron puts a "
             "bias on every linear or on none; use trainer='zeromismatch')"
+        )
+    if config.family == "deepseek_v3" and config.n_shared_experts == 0:
+        raise NoMegatronSpecError(
+            "no Megatron spec for a deepseek_v3 model with n_shared_experts=0 (the spec's shared-expert "
+            "MLP needs a nonzero width; use trainer='zeromismatch')"
+        )
+    if config.family == "nemotron_h" and (config.mlp_bias or config.use_bias):
+        raise NoMegatronSpecError(
+            "no Megatron spec for a nemotron_h model with mlp_bias or use_bias true (the spec's "
+            "linears have no bias; use trainer='zeromismatch')"
         )
     check_tp_degree(config, tp_size, "Megatron tensor-parallel degree")
     if config.vocab_size % tp_size:
@@ -84,6 +94,7 @@ def transformer_config(config: ModelConfig, dtype: torch.dtype, tp_size: int):
 def _config(TransformerConfig, config: ModelConfig, dtype: torch.dtype, tp_size: int, ffn: int):
     import torch.nn.functional as F
 
+    nemotron = config.family == "nemotron_h"
     return TransformerConfig(
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
@@ -93,11 +104,11 @@ def _config(TransformerConfig, config: ModelConfig, dtype: torch.dtype, tp_size:
         ffn_hidden_size=ffn,
         normalization="RMSNorm",
         layernorm_epsilon=config.rms_norm_eps,
-        gated_linear_unit=True,
-        activation_func=F.silu,
+        gated_linear_unit=not nemotron,  # Nemotron-H's MLPs are relu2, ungated
+        activation_func=F.silu,  # (not called: the spec'd MLPs call the KernelSet's activation)
         add_bias_linear=False,
         add_qkv_bias=False,
-        qk_layernorm=True,
+        qk_layernorm=not nemotron,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bias_dropout_fusion=False,

@@ -12,6 +12,7 @@ parameters, sharding and autograd communication, and replaces only the arithmeti
   shards (``models.layers.VIRTUAL_SHARDS``): the aligned set sums them in one fixed tree, so TP 1
   and TP 2 give the same bits. Its gather is differentiable (``kernels.collectives``), the
   backward of Megatron's reduce (identity per rank).
+- ``KernelReplicatedLinear``: a linear held whole on every rank (``kernels.linear``).
 - ``KernelRMSNorm``: ``kernels.rms_norm`` (input, pre-MLP, q/k and final norms).
 - ``KernelOutputLayer``: the vocab-parallel output layer on ``kernels.lm_head`` (fp32 logits in the
   aligned set), gathered over the vocabulary by Megatron.
@@ -67,6 +68,17 @@ class KernelOutputLayer(KernelColumnParallelLinear):
     project's differentiable all-gather (every rank then uses the full logits alike, so a rank's
     gradient is its own slice): Megatron's allocates its buffer on ``torch.cuda.current_device()``."""
 
+    @classmethod
+    def for_model(cls, model, kernel_slot: KernelSlot, tied: bool = False) -> KernelOutputLayer:
+        """The output layer replacing a built Megatron model's (``GPTModel`` or ``MambaModel``): no
+        bias, gathered unless the model keeps parallel logits; ``tied``: the embedding's weight is used."""
+        config = model.config
+        return cls(
+            config.hidden_size, model.vocab_size, config=config, init_method=config.init_method, bias=False,
+            skip_bias_add=False, gather_output=not model.parallel_output, skip_weight_param_allocation=tied,
+            tp_group=model.pg_collection.tp, kernels=kernel_slot,
+        )  # fmt: skip
+
     def forward(self, input_, weight=None, runtime_gather_output=None):
         local, bias = super().forward(input_, weight, runtime_gather_output=False)
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
@@ -98,6 +110,24 @@ class KernelRowParallelLinear(RowParallelLinear):
         group = self.tp_group if self.tp_group.size() > 1 else None
         out = self.slot.kernels.row_parallel_linear(input_, self.weight, self.bias, group, VIRTUAL_SHARDS)
         return out, None
+
+
+class KernelReplicatedLinear(torch.nn.Module):
+    """A linear held whole on every TP rank (Megatron's "duplicated" parallel mode: MLA's q/kv down
+    projections, Nemotron-H's Mamba projections and MoE latent projections) on ``kernels.linear``;
+    returns ``(output, None)`` like Megatron's linears. Every rank computes the same output, so its
+    gradients need no reduction as long as the output's gradient is complete on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, *, config, kernels: KernelSlot, bias: bool = False,
+                 **_unused):  # fmt: skip
+        super().__init__()
+        self.slot = kernels
+        dtype = config.params_dtype
+        self.weight = Parameter(torch.empty(output_size, input_size, dtype=dtype))
+        self.bias = Parameter(torch.empty(output_size, dtype=dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor):
+        return self.slot.kernels.linear(x, self.weight, self.bias), None
 
 
 class KernelRMSNorm(torch.nn.Module):

@@ -1,6 +1,8 @@
 """``MegatronCausalLM``: a Megatron-core ``GPTModel`` behind the interface of the project's ``CausalLM``.
 
-The ``GPTModel`` (``self.gpt``) is built from the layer specs of ``specs.py``, so every op of its
+The ``GPTModel`` (``self.gpt``; for Nemotron-H a ``MambaModel`` on Megatron's hybrid stack,
+``hybrid.py``, with the same embedding / decoder / output-layer interface) is built from the layer
+specs of ``specs.py``, so every op of its
 forward is a KernelSet op, and its output layer is ``KernelOutputLayer`` (fp32 ``lm_head``). Around
 it, the trainer-side interface the project's code uses on a ``CausalLM``:
 
@@ -37,6 +39,16 @@ from .runtime import ensure_parallel_state, import_megatron
 _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def _is_mtp(config: ModelConfig, name: str) -> bool:
+    """A multi-token-prediction tensor, skipped on load as the project's models skip it (DeepSeek-V3:
+    ``model.layers.{i}`` past ``num_hidden_layers``; Nemotron-H: ``mtp.``)."""
+    if name.startswith("mtp."):
+        return True
+    parts = name.split(".")
+    return (config.family == "deepseek_v3" and parts[:2] == ["model", "layers"] and len(parts) > 2
+            and parts[2].isdigit() and int(parts[2]) >= config.num_hidden_layers)  # fmt: skip
+
+
 @contextlib.contextmanager
 def _quiet_megatron_build():
     """Megatron logs a warning for every layer whose MLP class it does not know (ours); the
@@ -62,11 +74,7 @@ def _kernel_gpt_class():
             super().__init__(config, transformer_layer_spec, **kwargs)
             if self.post_process:
                 tied = self.pre_process and self.share_embeddings_and_output_weights
-                self.output_layer = KernelOutputLayer(
-                    config.hidden_size, self.vocab_size, config=config, init_method=config.init_method,
-                    bias=False, skip_bias_add=False, gather_output=not self.parallel_output,
-                    skip_weight_param_allocation=tied, tp_group=self.pg_collection.tp, kernels=kernel_slot,
-                )  # fmt: skip
+                self.output_layer = KernelOutputLayer.for_model(self, kernel_slot, tied=tied)
 
     return KernelGPTModel
 
@@ -89,6 +97,10 @@ class MegatronCausalLM(nn.Module):
     ):
         super().__init__()
         check_megatron_model(config, tp_size)
+        if stock_spec and config.family != "qwen3":
+            raise ValueError(
+                f"stock_spec=True (Megatron's local spec) is built for qwen3 only, got {config.family!r}"
+            )
         import_megatron()
         ensure_parallel_state(tp_size)
         from .layers import KernelSlot
@@ -97,6 +109,8 @@ class MegatronCausalLM(nn.Module):
 
         self.config = config
         self.family = config.family
+        # Nemotron-H never ties its LM head (transformers' NemotronHForCausalLM keeps its own)
+        self.tied = config.tie_word_embeddings and config.family != "nemotron_h"
         self._init_args = (config, dtype, tp_size, stock_spec)
         self._slot = KernelSlot(kernels)
         self.tp_rank, self.tp_size = tp_rank_and_size()
@@ -104,7 +118,7 @@ class MegatronCausalLM(nn.Module):
         with _quiet_megatron_build():
             self.gpt = self._build_gpt(mcfg, config, stock_spec)
         self.maps = family_maps(config)
-        names = {name for name, _ in self.gpt.named_parameters()}
+        names = set(self._params())
         mapped = {m.megatron for m in self.maps}
         if names != mapped:  # a spec and its weight map out of step is a bug here, not bad input
             raise RuntimeError(f"Megatron weight map mismatch: unmapped {sorted(names - mapped)}, "
@@ -115,8 +129,16 @@ class MegatronCausalLM(nn.Module):
 
         common = dict(
             vocab_size=config.vocab_size, max_sequence_length=config.max_position_embeddings,
-            parallel_output=False, share_embeddings_and_output_weights=config.tie_word_embeddings,
+            parallel_output=False, share_embeddings_and_output_weights=self.tied,
         )  # fmt: skip
+        if config.family == "nemotron_h":  # Megatron's hybrid stack (hybrid.py)
+            from .hybrid import kernel_mamba_model_class
+            from .specs import nemotron_h_stack_spec
+
+            return kernel_mamba_model_class()(
+                mcfg, nemotron_h_stack_spec(config, self._slot), hybrid_override_pattern=config.layer_pattern,
+                position_embedding_type="none", kernel_slot=self._slot, **common,
+            )  # fmt: skip
         if stock_spec:  # Megatron's own numerics on the same parameters (the comparison, not the learner)
             from megatron.core.models.gpt.gpt_model import GPTModel
 
@@ -173,7 +195,7 @@ class MegatronCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[T, vocab]`` through the output layer (the KernelSet's ``lm_head``)."""
-        weight = self.gpt.shared_embedding_or_output_weight() if self.config.tie_word_embeddings else None
+        weight = self.gpt.shared_embedding_or_output_weight() if self.tied else None
         logits, _ = self.gpt.output_layer(hidden, weight=weight, runtime_gather_output=True)
         return logits
 
@@ -185,8 +207,10 @@ class MegatronCausalLM(nn.Module):
         return self.gpt(input_ids, positions, None, runtime_gather_output=True)
 
     # ---- HF state dict ------------------------------------------------------------------------------
-    def _params(self) -> dict[str, nn.Parameter]:
-        return dict(self.gpt.named_parameters())
+    def _params(self) -> dict[str, torch.Tensor]:
+        """Parameters and persistent buffers (a sigmoid router's ``e_score_correction_bias``: a
+        checkpoint tensor, not trained) by Megatron name."""
+        return {**dict(self.gpt.named_buffers()), **dict(self.gpt.named_parameters())}
 
     def hf_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         from .weights import full_shape
@@ -256,7 +280,7 @@ class MegatronCausalLM(nn.Module):
             if not bool(torch.isfinite(tensor).all()):
                 raise ValueError(f"{source}: tensor {name!r} contains NaN or Inf values")
         head = state_dict.get("lm_head.weight")
-        if self.config.tie_word_embeddings and head is not None:
+        if self.tied and head is not None:
             embedding = state_dict["model.embed_tokens.weight"]
             if head.shape != embedding.shape or not torch.equal(head, embedding):
                 raise ValueError(
@@ -265,8 +289,8 @@ class MegatronCausalLM(nn.Module):
                 )
 
     def _ignorable(self, name: str) -> bool:
-        tied_head = self.config.tie_word_embeddings and name == "lm_head.weight"
-        return name.endswith(_IGNORABLE_SUFFIXES) or tied_head
+        tied_head = self.tied and name == "lm_head.weight"
+        return name.endswith(_IGNORABLE_SUFFIXES) or tied_head or _is_mtp(self.config, name)
 
     # ---- copies ------------------------------------------------------------------------------
     def __deepcopy__(self, memo):

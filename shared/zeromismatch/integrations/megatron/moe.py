@@ -1,4 +1,4 @@
-"""A spec'd MoE MLP for Qwen3-MoE: the router and the routed experts on the KernelSet.
+"""Spec'd MoE MLPs: the router, the routed and the shared experts on the KernelSet.
 
 Megatron's own ``MoELayer`` routes with its ``TopKRouter`` (torch softmax/top-k, its own tie
 handling) and dispatches tokens through its token dispatchers before grouped expert GEMMs; none of
@@ -12,21 +12,29 @@ Parameters: ``router.weight [E, H]`` and ``experts.{gate,up,down}_weight`` stack
 replicated over TP ranks, as the project's tensor parallelism keeps them (the ``moe_experts``
 contract has no TP split): every rank computes the same output, so no reduction is needed and every
 rank's gradient is complete.
+
+``KernelSharedRoutedMoE`` is the DeepSeek-V3 / Nemotron-H block (``models.moe.SharedRoutedMoe``):
+fp32 router logits (``kernels.linear`` on fp32 copies; router weight and ``e_score_correction_bias``
+kept fp32 in every dtype, as the project keeps them), sigmoid group-limited ``moe_route``, routed
+experts (SwiGLU or relu2, optionally between Nemotron-H's replicated latent projections) plus the
+shared experts, a spec'd MLP (column/row parallel like any MLP), added as ``routed + shared``.
 """
 
 from __future__ import annotations
 
 import torch
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import build_module
 from torch.nn import Parameter
 
 from .layers import KernelSlot
 
 
 class KernelMoEExperts(torch.nn.Module):
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, dtype: torch.dtype):
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, dtype: torch.dtype, gated=True):
         super().__init__()
-        self.gate_weight = Parameter(torch.empty(num_experts, intermediate, hidden, dtype=dtype))
+        gate = Parameter(torch.empty(num_experts, intermediate, hidden, dtype=dtype)) if gated else None
+        self.gate_weight = gate
         self.up_weight = Parameter(torch.empty(num_experts, intermediate, hidden, dtype=dtype))
         self.down_weight = Parameter(torch.empty(num_experts, hidden, intermediate, dtype=dtype))
 
@@ -56,3 +64,54 @@ class KernelSoftmaxMoE(MegatronModule):
         e = self.experts
         out = kern.moe_experts(x, weights, ids, e.gate_weight, e.up_weight, e.down_weight, activation="silu")
         return out.reshape(hidden_states.shape), None
+
+
+class KernelSharedRoutedMoE(MegatronModule):
+    """DeepSeek-V3's / Nemotron-H's MoE block in the ``mlp`` slot (module docstring)."""
+
+    def __init__(
+        self, config, *, kernels: KernelSlot, num_experts: int, top_k: int, intermediate_size: int,
+        norm_topk_prob: bool, n_group: int, topk_group: int, routed_scaling_factor: float, gated: bool,
+        shared_experts, latent_size: int | None = None, latent_proj=None, latent_bias: bool = False,
+    ):  # fmt: skip
+        super().__init__(config=config)
+        self.slot = kernels
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.n_group, self.topk_group, self.scaling = n_group, topk_group, routed_scaling_factor
+        hidden = config.hidden_size
+        self.router = torch.nn.Module()
+        self.router.weight = Parameter(torch.empty(num_experts, hidden, dtype=torch.float32))
+        self.router.register_buffer("e_score_correction_bias", torch.zeros(num_experts, dtype=torch.float32))
+        width = latent_size or hidden
+        self.experts = KernelMoEExperts(num_experts, width, intermediate_size, config.params_dtype, gated)
+        self.activation = "silu" if gated else "relu2"
+        if latent_size is not None:
+
+            def proj(n_in, n_out):
+                return build_module(latent_proj, n_in, n_out, config=config, bias=latent_bias)
+
+            self.fc1_latent_proj, self.fc2_latent_proj = proj(hidden, latent_size), proj(latent_size, hidden)
+        else:
+            self.fc1_latent_proj = self.fc2_latent_proj = None
+        self.shared_experts = build_module(shared_experts, config=config)
+
+    def forward(self, hidden_states: torch.Tensor, **_unused):
+        kern = self.slot.kernels
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        logits = kern.linear(x.float(), self.router.weight.float())
+        weights, ids = kern.moe_route(
+            logits, self.top_k, scoring="sigmoid", norm_topk_prob=self.norm_topk_prob,
+            correction_bias=self.router.e_score_correction_bias, n_group=self.n_group,
+            topk_group=self.topk_group, routed_scaling_factor=self.scaling,
+        )  # fmt: skip
+        routed_in = x if self.fc1_latent_proj is None else self.fc1_latent_proj(x)[0]
+        e, dtype = self.experts, x.dtype
+        gate = None if e.gate_weight is None else e.gate_weight.to(dtype)
+        routed = kern.moe_experts(
+            routed_in, weights, ids, gate, e.up_weight.to(dtype), e.down_weight.to(dtype),
+            activation=self.activation,
+        )  # fmt: skip
+        if self.fc2_latent_proj is not None:
+            routed = self.fc2_latent_proj(routed)[0]
+        shared, _ = self.shared_experts(x)
+        return (routed + shared).reshape(hidden_states.shape), None

@@ -16,8 +16,9 @@ Each Megatron parameter has one ``TensorMap``: its HF source tensors and a ``kin
 
 ``to_megatron`` builds a rank's parameter from full HF tensors, ``to_hf`` the full HF tensors from
 every rank's parameter (in rank order): exact copies and reshapes, no arithmetic, so HF ->
-Megatron -> HF returns the same bytes. ``qwen3_maps`` lists a dense Qwen3's maps; the model checks
-at build time that they name exactly its parameters.
+Megatron -> HF returns the same bytes. ``family_maps`` lists a family's maps (``qwen3_maps``: Qwen3,
+Qwen3-MoE, DeepSeek-V3; ``nemotron_h_maps``); the model checks at build time that they name exactly
+its parameters and persistent buffers.
 """
 
 from __future__ import annotations
@@ -127,15 +128,58 @@ def softmax_moe_maps(config: ModelConfig, megatron: str, hf: str) -> list[Tensor
     return maps
 
 
+def mla_maps(config: ModelConfig, megatron: str, hf: str) -> list[TensorMap]:
+    """DeepSeek-V3 MLA (``hf`` = ``model.layers.i.self_attn``): Megatron's MLA names."""
+
+    def one(meg: str, hf_name: str, kind: str) -> TensorMap:
+        return TensorMap(f"{megatron}.{meg}.weight", (f"{hf}.{hf_name}.weight",), kind)
+
+    if config.q_lora_rank is None:
+        maps = [one("linear_q_proj", "q_proj", "rows")]
+    else:
+        maps = [one("linear_q_down_proj", "q_a_proj", "replicated"),
+                one("q_layernorm", "q_a_layernorm", "replicated"),
+                one("linear_q_up_proj", "q_b_proj", "rows")]  # fmt: skip
+    return maps + [
+        one("linear_kv_down_proj", "kv_a_proj_with_mqa", "replicated"),
+        one("kv_layernorm", "kv_a_layernorm", "replicated"),
+        one("linear_kv_up_proj", "kv_b_proj", "rows"),
+        one("linear_proj", "o_proj", "cols"),
+    ]
+
+
+def shared_routed_moe_maps(config: ModelConfig, megatron: str, hf: str) -> list[TensorMap]:
+    """DeepSeek-V3's sigmoid router (weight and the ``e_score_correction_bias`` buffer, fp32), its
+    stacked routed experts and its shared experts (a gated MLP)."""
+    maps = [
+        TensorMap(f"{megatron}.router.weight", (f"{hf}.gate.weight",), "replicated"),
+        TensorMap(
+            f"{megatron}.router.e_score_correction_bias",
+            (f"{hf}.gate.e_score_correction_bias",),
+            "replicated",
+        ),  # fmt: skip
+    ]
+    for proj in ("gate", "up", "down"):
+        names = tuple(f"{hf}.experts.{e}.{proj}_proj.weight" for e in range(config.num_experts))
+        maps.append(TensorMap(f"{megatron}.experts.{proj}_weight", names, "experts"))
+    return maps + gated_mlp_maps(f"{megatron}.shared_experts", f"{hf}.shared_experts")
+
+
 def qwen3_maps(config: ModelConfig) -> list[TensorMap]:
-    """Every parameter of a Qwen3 or Qwen3-MoE ``GPTModel`` and its HF tensors."""
+    """Every parameter of a Qwen3, Qwen3-MoE or DeepSeek-V3 ``GPTModel`` and its HF tensors."""
     maps = [TensorMap("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "rows")]
+    deepseek = config.family == "deepseek_v3"
     for i, kind in enumerate(config.layer_kinds()):
         meg, hf = f"decoder.layers.{i}", f"model.layers.{i}"
         maps.append(_norm(f"{meg}.input_layernorm", f"{hf}.input_layernorm"))
-        maps += attention_maps(config, f"{meg}.self_attention", f"{hf}.self_attn")
+        if deepseek:
+            maps += mla_maps(config, f"{meg}.self_attention", f"{hf}.self_attn")
+        else:
+            maps += attention_maps(config, f"{meg}.self_attention", f"{hf}.self_attn")
         maps.append(_norm(f"{meg}.pre_mlp_layernorm", f"{hf}.post_attention_layernorm"))
-        if kind == "moe":
+        if kind == "moe" and deepseek:
+            maps += shared_routed_moe_maps(config, f"{meg}.mlp", f"{hf}.mlp")
+        elif kind == "moe":
             maps += softmax_moe_maps(config, f"{meg}.mlp", f"{hf}.mlp")
         else:
             maps += gated_mlp_maps(f"{meg}.mlp", f"{hf}.mlp")
@@ -145,9 +189,56 @@ def qwen3_maps(config: ModelConfig) -> list[TensorMap]:
     return maps
 
 
+def nemotron_h_maps(config: ModelConfig) -> list[TensorMap]:
+    """Every parameter of a Nemotron-H ``MambaModel`` (``backbone.*`` in HF; one pre-norm per block,
+    which Megatron calls ``norm`` / ``input_layernorm`` / ``pre_mlp_layernorm`` by layer kind; the
+    LM head is never tied, as in transformers)."""
+    maps = [TensorMap("embedding.word_embeddings.weight", ("backbone.embeddings.weight",), "rows")]
+    norm_name = {"linear_attention": "norm", "full_attention": "input_layernorm"}
+    for i, kind in enumerate(config.layer_kinds()):
+        meg, hf = f"decoder.layers.{i}", f"backbone.layers.{i}"
+        mixer = f"{hf}.mixer"
+        maps.append(_norm(f"{meg}.{norm_name.get(kind, 'pre_mlp_layernorm')}", f"{hf}.norm"))
+        if kind == "linear_attention":
+            for name in ("in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D",
+                         "norm.weight", "out_proj.weight"):  # fmt: skip
+                if name != "conv1d.bias" or config.use_conv_bias:
+                    maps.append(TensorMap(f"{meg}.mixer.{name}", (f"{mixer}.{name}",), "replicated"))
+        elif kind == "full_attention":
+            maps += attention_maps(config, f"{meg}.self_attention", mixer)[::3]  # linear_qkv, linear_proj
+        elif kind == "mlp":
+            maps += relu2_mlp_maps(f"{meg}.mlp", mixer)
+        else:
+            maps += nemotron_moe_maps(config, f"{meg}.mlp", mixer)
+    maps.append(TensorMap("decoder.final_norm.weight", ("backbone.norm_f.weight",), "replicated"))
+    return maps + [TensorMap("output_layer.weight", ("lm_head.weight",), "rows")]
+
+
+def relu2_mlp_maps(megatron: str, hf: str) -> list[TensorMap]:
+    return [
+        TensorMap(f"{megatron}.linear_fc1.weight", (f"{hf}.up_proj.weight",), "rows"),
+        TensorMap(f"{megatron}.linear_fc2.weight", (f"{hf}.down_proj.weight",), "cols"),
+    ]
+
+
+def nemotron_moe_maps(config: ModelConfig, megatron: str, hf: str) -> list[TensorMap]:
+    """Nemotron-H's sigmoid router, relu2 routed experts (no gate), optional latent projections and
+    relu2 shared expert."""
+    maps = shared_routed_moe_maps(config, megatron, hf)[:2]
+    for proj in ("up", "down"):
+        names = tuple(f"{hf}.experts.{e}.{proj}_proj.weight" for e in range(config.num_experts))
+        maps.append(TensorMap(f"{megatron}.experts.{proj}_weight", names, "experts"))
+    if config.moe_latent_size is not None:
+        for proj in ("fc1_latent_proj", "fc2_latent_proj"):
+            maps.append(TensorMap(f"{megatron}.{proj}.weight", (f"{hf}.{proj}.weight",), "replicated"))
+    return maps + relu2_mlp_maps(f"{megatron}.shared_experts", f"{hf}.shared_experts")
+
+
 def family_maps(config: ModelConfig) -> list[TensorMap]:
-    if config.family in ("qwen3", "qwen3_moe"):
+    if config.family in ("qwen3", "qwen3_moe", "deepseek_v3"):
         return qwen3_maps(config)
+    if config.family == "nemotron_h":
+        return nemotron_h_maps(config)
     raise ValueError(f"no Megatron weight map for family {config.family!r}")
 
 
