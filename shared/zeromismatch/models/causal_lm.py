@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +67,34 @@ def check_tp_degree(config, degree: int, name: str = "tensor-parallel degree") -
         size = int(getattr(config, field, 0) or 0)
         if size % degree:
             raise ValueError(f"{name} {degree} must divide the model's {field}={size}")
+
+
+def check_hf_names(state_dict, expected: dict, ignorable: Callable[[str], bool], source: str, what: str):
+    """Every expected HF name present and no other (bar ``ignorable`` ones): else one ValueError naming
+    the first offender and how many more there are; ``what`` names the model in the message."""
+    missing = [name for name in expected if name not in state_dict]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"{source}: missing tensor {missing[0]!r}{more}")
+    unexpected = sorted(n for n in state_dict if n not in expected and not ignorable(n))
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise ValueError(f"{source}: unexpected tensor {unexpected[0]!r}{more} for {what}")
+
+
+def check_hf_tensors(state_dict, expected: dict[str, tuple[int, ...]], source: str, expects: str) -> None:
+    """Each expected tensor a finite floating torch.Tensor of its shape, else one error naming it;
+    ``expects`` words the shape message (", expected", "; the Megatron qwen3 spec expects")."""
+    for name, shape in expected.items():
+        tensor = state_dict[name]
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{source}: tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}{expects} {shape}")
+        if not tensor.is_floating_point():
+            raise ValueError(f"{source}: tensor {name!r} has dtype {tensor.dtype}, expected a floating dtype")
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{source}: tensor {name!r} contains NaN or Inf values")
 
 
 class CausalLM(nn.Module):
@@ -333,29 +361,9 @@ class CausalLM(nn.Module):
 
     def _validate_hf_tensors(self, state_dict, entries: list[_Entry], source: str) -> None:
         expected = {entry.name: entry.full_shape for entry in entries}
-        missing = [name for name in expected if name not in state_dict]
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise ValueError(f"{source}: missing tensor {missing[0]!r}{more}")
-        unexpected = sorted(n for n in state_dict if n not in expected and not self._ignorable(n))
-        if unexpected:
-            more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-            raise ValueError(f"{source}: unexpected tensor {unexpected[0]!r}{more} for a {self.family} model")
+        check_hf_names(state_dict, expected, self._ignorable, source, f"a {self.family} model")
         self._check_tied_head(state_dict, entries, source)
-        for name, shape in expected.items():
-            tensor = state_dict[name]
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"{source}: tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
-            if tuple(tensor.shape) != shape:
-                raise ValueError(
-                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}"
-                )
-            if not tensor.is_floating_point():
-                raise ValueError(
-                    f"{source}: tensor {name!r} has dtype {tensor.dtype}, expected a floating dtype"
-                )
-            if not bool(torch.isfinite(tensor).all()):
-                raise ValueError(f"{source}: tensor {name!r} contains NaN or Inf values")
+        check_hf_tensors(state_dict, expected, source, ", expected")
 
     def _check_tied_head(self, state_dict, entries: list[_Entry], source: str) -> None:
         """A tied model has no head of its own: a checkpoint ``lm_head.weight`` that is not the

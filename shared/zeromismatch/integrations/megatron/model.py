@@ -32,6 +32,7 @@ from torch import nn
 
 from ...kernels.base import KernelSet
 from ...models.batch import ForwardBatch
+from ...models.causal_lm import check_hf_names, check_hf_tensors
 from ...models.config import ModelConfig
 from .config import check_megatron_model, transformer_config
 from .runtime import ensure_parallel_state, import_megatron
@@ -254,31 +255,9 @@ class MegatronCausalLM(nn.Module):
 
     def _validate(self, state_dict, source: str) -> None:
         expected = self.hf_tensor_shapes()
-        missing = [name for name in expected if name not in state_dict]
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise ValueError(f"{source}: missing tensor {missing[0]!r}{more}")
-        unexpected = sorted(n for n in state_dict if n not in expected and not self._ignorable(n))
-        if unexpected:
-            more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-            raise ValueError(
-                f"{source}: unexpected tensor {unexpected[0]!r}{more} for the Megatron {self.family} spec"
-            )
-        for name, shape in expected.items():
-            tensor = state_dict[name]
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"{source}: tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
-            if tuple(tensor.shape) != shape:
-                raise ValueError(
-                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}; the Megatron "
-                    f"{self.family} spec expects {shape}"
-                )
-            if not tensor.is_floating_point():
-                raise ValueError(
-                    f"{source}: tensor {name!r} has dtype {tensor.dtype}, expected a floating dtype"
-                )
-            if not bool(torch.isfinite(tensor).all()):
-                raise ValueError(f"{source}: tensor {name!r} contains NaN or Inf values")
+        spec = f"the Megatron {self.family} spec"
+        check_hf_names(state_dict, expected, self._ignorable, source, spec)
+        check_hf_tensors(state_dict, expected, source, f"; {spec} expects")
         head = state_dict.get("lm_head.weight")
         if self.tied and head is not None:
             embedding = state_dict["model.embed_tokens.weight"]
