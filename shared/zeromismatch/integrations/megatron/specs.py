@@ -37,10 +37,11 @@ def _with(module, slot: KernelSlot, **params) -> ModuleSpec:
     return ModuleSpec(module=module, params={"kernels": slot, **params})
 
 
-def qwen3_attention_spec(config: ModelConfig, slot: KernelSlot) -> ModuleSpec:
-    """GQA self-attention with q/k RMSNorm and rotate-half RoPE (Qwen3, Qwen3-MoE)."""
-    inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling, config.family)
-    norm = _with(KernelRMSNorm, slot, per_head_shard=True)
+def self_attention_spec(slot: KernelSlot, inv_freq, qk_norm: bool) -> ModuleSpec:
+    """Causal GQA self-attention on the kernels: RoPE with ``inv_freq`` (None: no positional rotation,
+    Nemotron-H's attention layers), q/k RMSNorm per head when ``qk_norm``."""
+    norm = _with(KernelRMSNorm, slot, per_head_shard=True) if qk_norm else None
+    extra = {"q_layernorm": norm, "k_layernorm": norm} if qk_norm else {}
     return ModuleSpec(
         module=SelfAttention,
         params={"attn_mask_type": AttnMaskType.causal},
@@ -48,10 +49,15 @@ def qwen3_attention_spec(config: ModelConfig, slot: KernelSlot) -> ModuleSpec:
             linear_qkv=_with(KernelColumnParallelLinear, slot),
             core_attention=_with(KernelCoreAttention, slot, inv_freq=inv_freq),
             linear_proj=_with(KernelRowParallelLinear, slot),
-            q_layernorm=norm,
-            k_layernorm=norm,
+            **extra,
         ),
     )
+
+
+def qwen3_attention_spec(config: ModelConfig, slot: KernelSlot) -> ModuleSpec:
+    """GQA self-attention with q/k RMSNorm and rotate-half RoPE (Qwen3, Qwen3-MoE)."""
+    inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling, config.family)
+    return self_attention_spec(slot, inv_freq, qk_norm=True)
 
 
 def gated_mlp_spec(slot: KernelSlot, ffn_hidden_size: int) -> ModuleSpec:
@@ -176,15 +182,7 @@ def nemotron_h_stack_spec(config: ModelConfig, slot: KernelSlot) -> ModuleSpec:
     mixer = _with(
         KernelMamba2Mixer, slot, dims={**dims, "eps": config.rms_norm_eps}, replicated_linear=replicated
     )
-    attention = ModuleSpec(
-        module=SelfAttention,
-        params={"attn_mask_type": AttnMaskType.causal},
-        submodules=SelfAttentionSubmodules(
-            linear_qkv=_with(KernelColumnParallelLinear, slot),
-            core_attention=_with(KernelCoreAttention, slot, inv_freq=None),
-            linear_proj=_with(KernelRowParallelLinear, slot),
-        ),
-    )
+    attention = self_attention_spec(slot, inv_freq=None, qk_norm=False)
     moe = shared_routed_moe_spec(
         config, slot, relu2_mlp_spec(slot, config.moe_shared_expert_intermediate_size), gated=False,
         latent_size=config.moe_latent_size, latent_proj=replicated, latent_bias=config.mlp_bias,
