@@ -20,8 +20,12 @@ Everything a bitwise result depends on that a process can choose is fixed here f
 recorded. Resumable: rerun with the same ``--out`` after an interruption and the steps that finished
 there are skipped (``<out>/.done/``); inside a step, runs that have a ``summary.json`` are skipped.
 
+``--jobs N`` (default: one per CPU core, at most 2) runs up to N training steps at once, longest first
+(by the committed runs' ``time_total_s``). Every child is single-threaded, so running two side by side
+changes no bit of either; the benchmarks, which are timings, run afterwards, one at a time, alone.
+
     python scripts/reproduce_mini.py [--out DIR] [--update] [--only NAME ...] [--no-benchmarks]
-                                     [--no-learnability] [--quiet]
+                                     [--no-learnability] [--jobs N] [--quiet]
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +68,7 @@ FIXED_ENV = {
 UNSET_ENV = ("ZM_CRASH_AFTER_STEP", "ZM_CRASH_DURING_CHECKPOINT")
 WARM_START_ENV, WARM_STARTS = "ZEROMISMATCH_WARM_START_DIR", "warm_starts"  # zeromismatch.rl.warm_start
 STATUSES = ("identical", "differs", "new", "missing")
+MAX_DEFAULT_JOBS = 2  # the machines this runs on have 2 cores; more jobs than cores only slows each
 
 
 @dataclass
@@ -72,6 +79,8 @@ class Step:
     argv: list[str]
     units: list[Path] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # set in its environment besides FIXED_ENV
+    #: a timing: runs alone, after every other step, so that nothing else shares the CPU with it
+    exclusive: bool = False
 
     @property
     def slug(self) -> str:
@@ -269,7 +278,7 @@ def benchmark_steps(root: Path, bench: Path) -> list[Step]:
 
     def step(name: str, script: str, out_name: str, *extra: str) -> Step:
         argv = [sys.executable, str(root / "benchmarks" / script), *extra, "--out", str(bench / out_name)]
-        return Step(f"benchmark {name}", [*argv, "--quiet"], [bench / out_name])
+        return Step(f"benchmark {name}", [*argv, "--quiet"], [bench / out_name], exclusive=True)
 
     return [
         step("rollout", "rollout.py", "rollout.json"),
@@ -289,22 +298,37 @@ def child_env() -> dict[str, str]:
     return env
 
 
+_LIVE: set[subprocess.Popen] = set()  # children running now, killed if the parent is interrupted
+_LIVE_LOCK = threading.Lock()
+
+
 def run_step(step: Step, cwd: Path, log: Path, on_poll) -> int:
     """Run one step with its output in ``log``; ``on_poll()`` is called every second while it runs."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as sink:
         env = {**child_env(), **step.env}
         proc = subprocess.Popen(step.argv, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
         try:
             while True:
                 try:
                     return proc.wait(timeout=1.0)
                 except subprocess.TimeoutExpired:
                     on_poll()
-        except BaseException:
-            proc.kill()  # an interrupt stops the child too; the next run resumes from what finished
-            proc.wait()
-            raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
+
+
+def _kill_live() -> None:
+    # an interrupt stops the children too; the next run resumes from what finished
+    with _LIVE_LOCK:
+        procs = list(_LIVE)
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.wait()
 
 
 def _tail(log: Path, lines: int = 20) -> str:
@@ -314,44 +338,106 @@ def _tail(log: Path, lines: int = 20) -> str:
         return ""
 
 
-def run_all(steps: list[Step], root: Path, out: Path, quiet: bool) -> tuple[list[dict], list[str]]:
-    """Run every step not yet done in ``out``; returns per-step records and the failed step names."""
+def expected_seconds(step: Step, committed: Path, out: Path) -> float:
+    """What the committed runs of ``step`` took (their ``time_total_s``); unknown counts as longest."""
+    total = 0.0
+    for unit in step.units:
+        try:
+            summary = json.loads((committed / unit.relative_to(out)).read_text())
+            total += float(summary["time_total_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return float("inf")
+    return total
+
+
+def schedule(steps: list[Step], committed: Path, out: Path) -> tuple[list[Step], list[Step]]:
+    """(the training steps, longest first; the exclusive steps, in plan order)."""
+    shared = [s for s in steps if not s.exclusive]
+    shared.sort(key=lambda s: -expected_seconds(s, committed, out))  # stable: ties keep plan order
+    return shared, [s for s in steps if s.exclusive]
+
+
+def run_all(
+    steps: list[Step], root: Path, out: Path, quiet: bool, jobs: int = 1, committed: Path | None = None
+) -> tuple[list[dict], list[str]]:
+    """Run every step not yet done in ``out``, up to ``jobs`` training steps at once, then the exclusive
+    ones one by one; returns per-step records (in plan order) and the failed step names."""
     from tqdm import tqdm
 
     done_dir = out / DONE_DIR
     total = sum(max(1, len(s.units)) for s in steps)
 
-    def finished_units() -> int:
-        return sum(
-            max(1, len(s.units)) if (done_dir / s.slug).exists() else sum(u.is_file() for u in s.units)
-            for s in steps
-        )
+    def units_done(s: Step) -> int:
+        return max(1, len(s.units)) if (done_dir / s.slug).exists() else sum(u.is_file() for u in s.units)
 
-    bar = tqdm(total=total, initial=finished_units(), unit="run", desc="reproduce", disable=quiet)
-    records, failed = [], []
+    overall = tqdm(total=total, initial=sum(map(units_done, steps)), unit="run", desc="reproduce",
+                   disable=quiet, position=0)  # fmt: skip
+    bars: dict[str, tqdm] = {}  # one bar per running step: its runs finished of its runs
+    slots: dict[str, int] = {}  # its line below the overall bar
+    lock = threading.Lock()
+    records: dict[str, dict] = {}
+    failed: list[str] = []
 
     def poll() -> None:
-        bar.update(finished_units() - bar.n)
+        with lock:
+            overall.update(sum(map(units_done, steps)) - overall.n)
+            for name, bar in bars.items():
+                bar.update(units_done(by_name[name]) - bar.n)
 
-    for step in steps:
-        if (done_dir / step.slug).exists():
-            records.append({"step": step.name, "skipped": "finished in this directory before"})
-            continue
-        bar.set_postfix_str(step.name)
+    def one(step: Step) -> None:
+        with lock:
+            slots[step.name] = slot = min(set(range(1, jobs + 2)) - set(slots.values()))
+            bars[step.name] = tqdm(total=max(1, len(step.units)), initial=units_done(step), unit="run",
+                                   desc=step.name, disable=quiet, position=slot, leave=False)  # fmt: skip
         start = time.perf_counter()
         log = out / "logs" / f"{step.slug}.log"
-        rc = run_step(step, root, log, poll)
+        try:
+            rc = run_step(step, root, log, poll)
+        finally:
+            with lock:
+                bars.pop(step.name).close()
+                slots.pop(step.name)
         seconds = round(time.perf_counter() - start, 1)
-        records.append({"step": step.name, "argv": step.argv[1:], "exit": rc, "seconds": seconds})
-        if rc == 0:
-            done_dir.mkdir(parents=True, exist_ok=True)
-            (done_dir / step.slug).write_text(json.dumps(records[-1]) + "\n")
-        else:
-            failed.append(step.name)
-            bar.write(f"reproduce: {step.name} failed (exit {rc}); log {log}:\n{_tail(log)}", file=sys.stderr)
+        record = {"step": step.name, "argv": step.argv[1:], "exit": rc, "seconds": seconds}
+        with lock:
+            records[step.name] = record
+            if rc == 0:
+                done_dir.mkdir(parents=True, exist_ok=True)
+                (done_dir / step.slug).write_text(json.dumps(record) + "\n")
+            else:
+                failed.append(step.name)
+                overall.write(f"reproduce: {step.name} failed (exit {rc}); log {log}:\n{_tail(log)}",
+                              file=sys.stderr)  # fmt: skip
         poll()
-    bar.close()
-    return records, failed
+
+    by_name = {s.name: s for s in steps}
+    todo = []
+    for step in steps:
+        if (done_dir / step.slug).exists():
+            records[step.name] = {"step": step.name, "skipped": "finished in this directory before"}
+        else:
+            todo.append(step)
+    shared, exclusive = schedule(todo, committed or root / "results" / "reproduced", out)
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        pending = {pool.submit(one, step) for step in shared}
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in finished:
+                future.result()
+        pool.shutdown()
+        for step in exclusive:
+            one(step)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # nothing queued starts
+        _kill_live()
+        raise
+    overall.close()
+    return [records[s.name] for s in steps if s.name in records], failed
+
+
+def default_jobs() -> int:
+    return max(1, min(MAX_DEFAULT_JOBS, os.cpu_count() or 1))
 
 
 def settings(root: Path) -> dict:
@@ -423,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help=f"experiment folder names (or {LEARNABILITY!r}) to rerun; no benchmarks then",
     )
+    parser.add_argument(
+        "--jobs", type=int, default=default_jobs(),
+        help=f"training steps run at once (default {default_jobs()}: the cores, at most {MAX_DEFAULT_JOBS})",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar; the table only")
     parser.add_argument("--no-benchmarks", action="store_true", help="skip benchmarks/*.py")
     parser.add_argument("--no-learnability", action="store_true", help="skip scripts/learnability.py")
@@ -434,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     except NoCheckoutError as err:
         print(f"reproduce: {err}", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: must be at least 1")
     known = [p.name for p in discover(root)]
     unknown = sorted(set(args.only or ()) - {*known, LEARNABILITY})
     if unknown:
@@ -455,8 +547,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     config = settings(root)
     if not args.quiet:
-        print(f"reproduce: {len(steps)} steps into {out} (rerun with --out {out} to resume)", flush=True)
-    records, failed = run_all(steps, root, out, args.quiet)
+        print(f"reproduce: {len(steps)} steps into {out}, {args.jobs} at once (rerun with --out {out} to "
+              "resume)", flush=True)  # fmt: skip
+    records, failed = run_all(steps, root, out, args.quiet, args.jobs, committed)
     rows = compare_groups(out, committed, groups)
     bench_files = [u for s in steps if s.name.startswith("benchmark ") for u in s.units]
     print(render_table(rows, header_lines(out, committed, config)))

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,69 @@ def test_a_difference_across_cpu_kinds_is_named(tmp_path, script):
     (row,) = script.compare_groups(tmp_path / "fresh", tmp_path / "committed", [("x/mini", 2)])
     assert row.status == "differs"
     assert row.text().endswith("[committed on AMD EPYC, rerun on Intel(R) Xeon(R) Processor]")
+
+
+# ---------------------------------------------------------------------------- --jobs
+
+
+def _steps(script, tmp_path, names_seconds: dict[str, float], exclusive=("bench",)):
+    """Steps with one unit each, committed runs taking the given seconds."""
+    out, committed = tmp_path / "fresh", tmp_path / "committed"
+    steps = []
+    for name, seconds in names_seconds.items():
+        unit = out / name / "summary.json"
+        if seconds is not None:
+            fabricate(committed / name, seconds=seconds)
+        steps.append(script.Step(name, ["python", name], [unit], exclusive=name in exclusive))
+    return steps, out, committed
+
+
+def test_training_steps_run_longest_first_and_exclusive_ones_last(script, tmp_path):
+    steps, out, committed = _steps(script, tmp_path, {"short": 5.0, "bench": 1.0, "long": 50.0, "new": None})
+    shared, exclusive = script.schedule(steps, committed, out)
+    assert [s.name for s in shared] == ["new", "long", "short"] and [s.name for s in exclusive] == ["bench"]
+
+
+def test_two_jobs_run_side_by_side_and_a_timing_runs_alone(script, tmp_path, monkeypatch):
+    import threading
+
+    steps, out, committed = _steps(script, tmp_path, {"a": 1.0, "b": 2.0, "bench": 1.0})
+    together = threading.Barrier(2, timeout=30)  # breaks (and the test fails) unless a and b overlap
+    running, events = set(), []
+
+    def run_step(step, cwd, log, poll):
+        running.add(step.name)
+        events.append((step.name, frozenset(running)))
+        if not step.exclusive:
+            together.wait()
+        running.discard(step.name)
+        return 0
+
+    monkeypatch.setattr(script, "run_step", run_step)
+    records, failed = script.run_all(steps, tmp_path, out, True, jobs=2, committed=committed)
+    assert failed == [] and [r["step"] for r in records] == ["a", "b", "bench"]
+    assert events[-1] == ("bench", frozenset({"bench"}))
+    assert (out / script.DONE_DIR / "bench").exists()
+
+
+def test_one_job_never_overlaps(script, tmp_path, monkeypatch):
+    steps, out, committed = _steps(script, tmp_path, {"a": 1.0, "b": 2.0, "c": 3.0})
+    running, overlaps = set(), []
+
+    def run_step(step, cwd, log, poll):
+        overlaps.append(len(running))
+        running.add(step.name)
+        time.sleep(0.05)  # long enough that a second job, if one ran, would start meanwhile
+        running.discard(step.name)
+        return 0 if step.name != "b" else 3
+
+    monkeypatch.setattr(script, "run_step", run_step)
+    records, failed = script.run_all(steps, tmp_path, out, True, jobs=1, committed=committed)
+    assert overlaps == [0, 0, 0] and failed == ["b"]
+    assert not (out / script.DONE_DIR / "b").exists() and (out / script.DONE_DIR / "c").exists()
+
+
+def test_zero_jobs_is_one_error(script, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--jobs", "0", "--quiet"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.count("error:") == 1
