@@ -27,3 +27,17 @@ def test_curves_name_the_steps_they_cannot_draw(tmp_path):
     run = write_run(tmp_path, "x", "mini", "default", records=records)
     drawn, nonfinite = _curve_frame([("default", DataDir(tmp_path, run))])
     assert len(drawn) == 4 and nonfinite["step"].tolist() == [3]
+
+
+def test_the_training_solved_rate_is_drawn_as_a_five_step_rolling_mean(tmp_path):
+    from audit_helpers import write_run
+
+    from zeromismatch.audit.figures import _curve_frame
+    from zeromismatch.audit.runs import DataDir
+
+    records = [{"step": i, "solved_rate": float(i), "reward_mean": float(i)} for i in range(8)]
+    run = write_run(tmp_path, "x", "mini", "fast", records=records)
+    drawn, _ = _curve_frame([("fast", DataDir(tmp_path, run))])
+    solved = drawn[drawn["metric"] == "solved_rate"]["value"].tolist()
+    assert solved == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0]  # trailing mean of up to 5 steps
+    assert drawn[drawn["metric"] == "reward_mean"]["value"].tolist() == [float(i) for i in range(8)]

@@ -121,3 +121,23 @@ def test_a_metric_divided_by_a_key_is_a_per_record_ratio(results):
     series = metric_series(DataDir(results, run), "time_rollout_s+time_learner_s/tokens", None, False)
     assert series == [(0, 0.5), (3, 0.125)]
     assert metric_series(DataDir(results, run), "time_rollout_s+time_learner_s", None, False)[2] == (2, 6.0)
+
+
+def test_window_steps_reads_a_rolling_mean_of_that_many_steps_at_either_end(results):
+    """``window_steps`` k: head_mean / tail_mean over the first / last k steps (S1's "5-step rolling
+    mean" read at the start and the end of training), whatever the run's length; the fraction
+    ``window`` (default 10%) otherwise."""
+    from zeromismatch.audit.runs import DataDir, _resolve_metric
+
+    records = [{"step": s, "solved_rate": float(s)} for s in range(40)]
+    run = write_run(results, "nemotron_nvfp4_swebench", "mini", "fast", records=records)
+    places = [(DataDir(results, run), False)]
+
+    def read(**operand):
+        return _resolve_metric({"metric": "solved_rate", **operand}, places, "x", "here")
+
+    head, tail = read(agg="head_mean", window_steps=5), read(agg="tail_mean", window_steps=5)
+    assert (head.value, tail.value) == (2.0, 37.0) and head.samples == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert "tail_mean of 5 of 40 steps" in tail.source
+    assert read(agg="head_mean").value == 1.5  # 10% of 40 steps: 4
+    assert read(agg="tail_mean", window_steps=400).value == 19.5  # longer than the run: all of it

@@ -48,10 +48,13 @@ CURVE_FAMILIES = (
     ("grad norm (pre-clip)", ("grad_norm_preclip", "grad_norm")),
     ("lag decomposition |max|", ("gap_kernel_abs_max", "gap_weight_lag_abs_max")),
     ("eval pass@1", ("eval_pass_at_1", "pass_at_1")),
+    ("solved, training tasks (5-step rolling mean)", ("solved_rate",)),
     ("policy lag", ("lag_mean", "lag_max", "policy_lag")),
     ("clip rate", ("loss_clip_rate", "clip_rate")),
     ("step time (s)", ("time_rollout_s", "time_learner_s")),
 )
+#: metrics drawn as a trailing rolling mean of this many steps (S1 plots its score so)
+ROLLING_STEPS = {"solved_rate": 5}
 
 
 def _pyplot():
@@ -187,6 +190,7 @@ def _curve_frame(sources: list[tuple[str, DataDir]]):
     family_of = {name: title for title, names in CURVE_FAMILIES for name in names}
     rows, nonfinite = [], []
     for label, data in sources:
+        recent: dict[str, list[float]] = {}  # key -> its last ROLLING_STEPS values (finite ones)
         for index, record in enumerate(data.records):
             step = record.get("step", index)
             if isinstance(step, bool) or not isinstance(step, int | float):
@@ -197,6 +201,10 @@ def _curve_frame(sources: list[tuple[str, DataDir]]):
                 arm, _, base = key.rpartition(".")
                 arm = arm or str(record.get("arm", ""))
                 if base in family_of:
+                    if base in ROLLING_STEPS and math.isfinite(value):
+                        window = recent.setdefault(key, [])
+                        window[:] = [*window, float(value)][-ROLLING_STEPS[base] :]
+                        value = sum(window) / len(window)
                     series = f"{label}:{arm}" if arm else label
                     # a line cannot show inf or NaN: counted here and named on the panel instead
                     target = rows if math.isfinite(value) else nonfinite

@@ -388,7 +388,15 @@ def operand_label(operand: dict) -> str:
     return text
 
 
-def _aggregate(values: list[float], agg: str, window: float) -> float:
+def window_width(operand: dict, steps: int) -> int:
+    """How many steps a head/tail mean averages: ``window_steps`` when given (a rolling mean of that
+    many steps, read at the run's start or end), else the fraction ``window`` of the run's steps."""
+    if "window_steps" in operand:
+        return min(steps, int(operand["window_steps"]))
+    return max(1, math.ceil(operand.get("window", DEFAULT_WINDOW) * steps))
+
+
+def _aggregate(values: list[float], agg: str, width: int) -> float:
     array = np.asarray(values, dtype=np.float64)
     if agg == "count":
         return float(array.size)
@@ -399,28 +407,25 @@ def _aggregate(values: list[float], agg: str, window: float) -> float:
     if agg == "last":
         return float(array[-1])
     if agg in ("head_mean", "tail_mean"):
-        width = max(1, math.ceil(window * array.size))
-        part = array[:width] if agg == "head_mean" else array[-width:]
-        return float(np.mean(part))
+        return float(np.mean(array[:width] if agg == "head_mean" else array[-width:]))
     reducer = {"min": np.min, "max": np.max, "mean": np.mean, "median": np.median}[agg]
     return float(reducer(array))
 
 
-def _read_by(values: list[float], agg: str, window: float) -> list[float]:
+def _read_by(values: list[float], agg: str, width: int) -> list[float]:
     """The step values an aggregate's result depends on."""
     if agg == "first":
         return values[:1]
     if agg == "last":
         return values[-1:]
-    return _averaged(values, agg, window) or list(values)
+    return _averaged(values, agg, width) or list(values)
 
 
-def _averaged(values: list[float], agg: str, window: float) -> list[float] | None:
+def _averaged(values: list[float], agg: str, width: int) -> list[float] | None:
     """The per-step values a mean aggregate averages (for a standard error), else None."""
     if agg == "mean":
         return list(values)
     if agg in ("head_mean", "tail_mean"):
-        width = max(1, math.ceil(window * len(values)))
         return list(values[:width] if agg == "head_mean" else values[-width:])
     return None
 
@@ -476,10 +481,10 @@ def _resolve_metric(operand: dict, places: list[tuple[DataDir, bool]], label: st
             continue
         values = [value for _, value in series]
         name = f"{arm}.{metric}" if arm and prefixed else metric
-        window = operand.get("window", DEFAULT_WINDOW)
+        window = window_width(operand, len(values))
         detail = f"{agg} over {len(values)} steps"
         if agg in ("head_mean", "tail_mean"):
-            detail = f"{agg} of {max(1, math.ceil(window * len(values)))} of {len(values)} steps"
+            detail = f"{agg} of {window} of {len(values)} steps"
         if agg == "all":
             value = float(np.max(np.abs(values)))
             missing = _expected_steps(data, arm, prefixed) - len(values)

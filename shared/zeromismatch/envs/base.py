@@ -86,6 +86,9 @@ class Env(ABC):
     max_turns: int = 1
     #: one split key in ``eval_modulus`` (by its hash) belongs to the eval split
     eval_modulus: int = 5
+    #: whether "solved" is graded apart from the reward (``StepResult.solved``); a run then records the
+    #: share of each step's episodes that solved their task (``solved_rate``) beside the reward
+    grades_apart: bool = False
 
     def __init__(self) -> None:
         self._task: Task | None = None

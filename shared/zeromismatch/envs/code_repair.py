@@ -173,6 +173,7 @@ def _equivalent(template: RepairTemplate, slots: dict[str, str]) -> bool:
 class CodeRepairEnv(Env):
     name = "code_repair"
     max_turns = 1
+    grades_apart = True  # solved: the hidden tests; reward: the share of visible tests passed
 
     def __init__(
         self, num_tests: int = 5, templates: tuple[str, ...] | None = None, procedural: bool = False

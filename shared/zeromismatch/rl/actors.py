@@ -196,7 +196,7 @@ class RayRun(Run):
             step, version, rollout_ref, record_ref = in_flight.popleft()
             (stats, timings, evaluation), (episodes, _, incarnation) = ray.get([record_ref, rollout_ref])
             incarnations.add(incarnation)
-            record = step_record(step, version, step + 1, stats, episodes, timings)
+            record = step_record(step, version, step + 1, stats, episodes, timings, c.env)
             record.update(evaluation)
             self._log(record)
             bar.update(1)

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from .. import _provenance
-from ..envs import make_env
+from ..envs import ENVS, make_env
 from ..io import atomic_write_json, atomic_write_text, directory_lock
 from ..manifest import write_manifest
 from ..metrics import mismatch
@@ -431,7 +431,7 @@ class Run:
             history.put(learner.version, state_snapshot(learner.model))
             history.prune(c.weight_version_for_batch(step + 1))
             record = step_record(step, version, learner.version, stats, episodes,
-                                 {"time_rollout_s": t1 - t0, "time_learner_s": t2 - t1})  # fmt: skip
+                                 {"time_rollout_s": t1 - t0, "time_learner_s": t2 - t1}, c.env)  # fmt: skip
             if c.inflight_update_at_token:
                 record.update(worker.inflight_stats, inflight_version=landing)
             if c.evaluates_after_step(step):
@@ -468,12 +468,18 @@ def _add_counts(before: dict[str, int], since: dict[str, int]) -> dict[str, int]
     return {key: before.get(key, 0) + value for key, value in since.items()}
 
 
-def step_record(step: int, version: int, learner_version: int, stats: dict, episodes, timings: dict) -> dict:
+def step_record(
+    step: int, version: int, learner_version: int, stats: dict, episodes, timings: dict, env: str
+) -> dict:
     """One metrics.jsonl line; both executors write exactly this shape (``learner_version`` is
-    the learner's version after the update)."""
+    the learner's version after the update). Where ``env`` grades "solved" apart from the reward,
+    ``solved_rate`` is the share of the step's episodes that solved their task: the training-time
+    score (S1's "SWE-bench Pro score" over training steps), not the reward the loss sees."""
     record = {"step": step, "weight_version": version, "policy_lag": learner_version - 1 - version}
     record.update(stats)
     record.update(mismatch.reward_stats(torch.tensor([ep.reward for ep in episodes])))
+    if ENVS[env].grades_apart:
+        record["solved_rate"] = sum(ep.solved for ep in episodes) / len(episodes)
     record.update(timings)
     return record
 
