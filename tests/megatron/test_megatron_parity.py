@@ -124,3 +124,21 @@ def test_zm_parity_trainer_megatron_prints_exact_zeros(capsys, preset):
                  "--num-prompts", "4", "--max-tokens", "5", "--json"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out)
     assert not result["identical"] and result["diff_max"] > 0
+
+
+@pytest.mark.parametrize("quant", ["fp8", "fp8-block", "nvfp4"])
+def test_zm_parity_trainer_megatron_with_a_weight_format_prints_exact_zeros(capsys, quant):
+    """Both sides in one weight format: the Megatron learner fake-quantizes its masters as the engine
+    quantizes its weights; inverse: the same format on the engine only (a dense learner) differs."""
+    import json
+
+    from zeromismatch.cli import main
+
+    common = ["parity", "--model", "tiny-qwen3", "--trainer", "megatron", "--num-prompts", "4",
+              "--max-tokens", "5", "--json"]  # fmt: skip
+    assert main([*common, "--quant", quant]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["identical"] and result["diff_max"] == 0.0 and result["k3_kl"] == 0.0
+    assert main([*common, "--rollout-quant", quant]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert not result["identical"] and result["diff_max"] > 0

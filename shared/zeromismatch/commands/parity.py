@@ -96,7 +96,7 @@ def build_trainer(preset, kernels, dtype, seed, quant, trainer="zeromismatch", t
     from ..integrations.megatron import build_megatron_model
 
     tp_size = 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
-    return build_megatron_model(preset, kernels, dtype, seed, tp_size=tp_size)
+    return build_megatron_model(preset, kernels, dtype, seed, tp_size=tp_size, quant=quant)
 
 
 def _trainer_worker(
@@ -230,7 +230,7 @@ def run_parity(
     config = resolve_config(model)
     check_tp_degree(config, tp, "--tp")
     check_tp_degree(config, trainer_tp, "--trainer-tp")
-    _check_trainer(trainer, config, trainer_tp, quant)
+    _check_trainer(trainer, config, trainer_tp)
     if engine_quant != "none" and (tp > 1 or trainer_tp > 1):
         # refused here, before the rollout runs: each TP worker would fail on its own otherwise
         raise ValueError(
@@ -302,7 +302,7 @@ def run_parity(
     return result
 
 
-def _check_trainer(trainer: str, config, trainer_tp: int, quant: str) -> None:
+def _check_trainer(trainer: str, config, trainer_tp: int) -> None:
     """``--trainer`` and what it can run, refused before the rollout (one ValueError each)."""
     from ..rl.config import TRAINERS
 
@@ -313,8 +313,6 @@ def _check_trainer(trainer: str, config, trainer_tp: int, quant: str) -> None:
     from ..integrations.megatron import check_megatron_model
 
     check_megatron_model(config, trainer_tp)
-    if quant != "none":
-        raise ValueError(f"--trainer megatron has no fake-quantized forward; got --quant {quant}")
 
 
 def register(sub) -> None:

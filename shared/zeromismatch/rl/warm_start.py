@@ -11,6 +11,13 @@ with the same recipe -- every arm and every seed of an experiment, whatever its 
 bits, and records their hash as ``warm_start_sha256``. A stack's weight format is applied to the loaded
 fp32 masters (the learner fake-quantizes them, the engine quantizes them), as a deployed checkpoint is.
 
+A shared warm start is a plain fp32 checkpoint trained in the reference numerics by the project's own
+trainer (:data:`REFERENCE_TRAINER`), whatever ``trainer`` the run that asks for it names; so the recipe
+(and its key) need not name the trainer, and keys recorded before ``trainer`` existed still hold. A run
+with ``trainer="megatron"`` loads those HF-named bits into its Megatron model through the weight map
+(``integrations/megatron/weights.py``: exact copies), so it starts RL from the same weights, and records
+the same ``warm_start_sha256``, as a run on the project's trainer.
+
 The cache holds ``<key>/checkpoints/step_000000`` (a checkpoint with per-file sha256 digests, verified
 on every load) and ``<key>/warm_start.json`` (the recipe, the weights hash, the SFT losses, the commit
 that built it). It is built under a lock, into a temp directory renamed into place, so concurrent arms
@@ -44,6 +51,8 @@ REFERENCE_NUMERICS = {
     "kernels": "aligned", "rollout_kernels": None, "dtype": "float32", "quant": "none",
     "rollout_dtype": None, "rollout_quant": None, "kv_cache_dtype": "auto", "rollout_lm_head": "fp32",
 }  # fmt: skip
+#: the learner a shared warm start is trained by (see the module docstring)
+REFERENCE_TRAINER = "zeromismatch"
 CACHE_ENV = "ZEROMISMATCH_WARM_START_DIR"
 RECORD = "warm_start.json"
 LOCK_POLL_S = 1.0
@@ -85,9 +94,12 @@ def cache_root() -> Path:
 
 
 def sft_config(config):
-    """``config`` as its shared warm start trains: the reference numerics and the recipe's seed."""
+    """``config`` as its shared warm start trains: the reference numerics, the reference trainer and
+    the recipe's seed."""
     spec = recipe(config)
-    return config.replace(**REFERENCE_NUMERICS, seed=spec["seed"], warm_start="own", sft_seed=None)
+    return config.replace(
+        **REFERENCE_NUMERICS, trainer=REFERENCE_TRAINER, seed=spec["seed"], warm_start="own", sft_seed=None
+    )
 
 
 def build_warm_start(config, out_dir: str | Path, quiet: bool = True) -> list[float]:

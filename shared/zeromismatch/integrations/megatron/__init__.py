@@ -5,7 +5,8 @@ A Megatron ``GPTModel`` built from layer specs whose modules call the KernelSet 
 experts, the Mamba2 mixer (``hybrid.py``, in Megatron's ``MambaStack``), the fp32 LM head; families:
 Qwen3, Qwen3-MoE, DeepSeek-V3, Nemotron-H; Nemotron-H's model is a ``MambaModel``), wrapped with the
 trainer-side interface of the project's ``CausalLM`` (``model.py``), with HF <-> Megatron weight
-maps (``weights.py``) and tensor parallelism over gloo (``runtime.py``). With the aligned kernels
+maps (``weights.py``), tensor parallelism over gloo (``runtime.py``) and the project learner's
+fake-quantized forward for FP8 / block-FP8 / NVFP4 weights (``quantized.py``). With the aligned kernels
 its logprobs are bitwise the project's engine's. ``docs/megatron.md`` has the map and the numbers.
 
 Nothing here is imported by the core package except lazily, where a config selects

@@ -61,13 +61,6 @@ def rl_config_problems(rl_config) -> list[tuple[str, str]]:
     from ...models import preset_dict, resolve_config
 
     problems = []
-    if rl_config.quant != "none":
-        problems.append(("quant", "the Megatron learner has no fake-quantized forward; use quant='none' "
-                                  "(rollout_quant still quantizes the engine)"))  # fmt: skip
-    if rl_config.warm_start == "shared":
-        problems.append(("warm_start", "the shared warm-start cache is keyed without the trainer, so a "
-                                       "Megatron-built warm start would be served to the project's trainer; "
-                                       "use warm_start='own'"))  # fmt: skip
     if rl_config.executor != "inprocess":
         problems.append(("executor", "the Megatron learner runs in-process only (not tested under Ray)"))
     try:

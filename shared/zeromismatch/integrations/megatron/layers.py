@@ -17,6 +17,9 @@ parameters, sharding and autograd communication, and replaces only the arithmeti
 - ``KernelOutputLayer``: the vocab-parallel output layer on ``kernels.lm_head`` (fp32 logits in the
   aligned set), gathered over the vocabulary by Megatron.
 
+The linears' ``fake_quant`` (None unless the model is fake-quantized, ``quantized.py``) gives the
+weight the GEMM uses: ``kernels.linear(x, fake-quantized W)``, the row-parallel one included (TP 1).
+
 The kernel set lives in a ``KernelSlot`` shared by every module of one model, so switching it
 (``MegatronCausalLM.set_kernels``) switches all numerics at once, as ``CausalLM.set_kernels`` does.
 """
@@ -50,6 +53,7 @@ class KernelColumnParallelLinear(ColumnParallelLinear):
     def __init__(self, *args, kernels: KernelSlot, **kwargs):
         super().__init__(*args, **kwargs)
         self.slot = kernels
+        self.fake_quant = None  # {"weight": MegatronFakeQuantizer} once fake-quantized (quantized.py)
 
     def _forward_impl(self, input, weight, bias=None, allreduce_dgrad=False, tp_group=None, **_unused):
         # Megatron's own kernel all-reduces the input gradient over the TP group when
@@ -59,6 +63,8 @@ class KernelColumnParallelLinear(ColumnParallelLinear):
         return self._gemm(input, weight, bias)
 
     def _gemm(self, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+        if self.fake_quant is not None:
+            weight = self.fake_quant["weight"](weight, x.dtype)
         return self.slot.kernels.linear(x, weight, bias)
 
 
@@ -100,6 +106,7 @@ class KernelRowParallelLinear(RowParallelLinear):
     def __init__(self, *args, kernels: KernelSlot, **kwargs):
         super().__init__(*args, **kwargs)
         self.slot = kernels
+        self.fake_quant = None  # {"weight": MegatronFakeQuantizer} once fake-quantized (quantized.py)
         if not self.input_is_parallel or self.sequence_parallel or self.explicit_expert_comm:
             raise ValueError(
                 "KernelRowParallelLinear supports input_is_parallel=True without sequence or expert "
@@ -107,6 +114,11 @@ class KernelRowParallelLinear(RowParallelLinear):
             )
 
     def forward(self, input_: torch.Tensor):
+        if self.fake_quant is not None:
+            # one GEMM on the fake-quantized weight, as the project's fake-quantized Linear runs its
+            # row-parallel layers (quantization is TP 1 only: there is nothing to reduce)
+            weight = self.fake_quant["weight"](self.weight, input_.dtype)
+            return self.slot.kernels.linear(input_, weight, self.bias), None
         group = self.tp_group if self.tp_group.size() > 1 else None
         out = self.slot.kernels.row_parallel_linear(input_, self.weight, self.bias, group, VIRTUAL_SHARDS)
         return out, None
@@ -125,9 +137,11 @@ class KernelReplicatedLinear(torch.nn.Module):
         dtype = config.params_dtype
         self.weight = Parameter(torch.empty(output_size, input_size, dtype=dtype))
         self.bias = Parameter(torch.empty(output_size, dtype=dtype)) if bias else None
+        self.fake_quant = None  # {"weight": MegatronFakeQuantizer} once fake-quantized (quantized.py)
 
     def forward(self, x: torch.Tensor):
-        return self.slot.kernels.linear(x, self.weight, self.bias), None
+        weight = self.weight if self.fake_quant is None else self.fake_quant["weight"](self.weight, x.dtype)
+        return self.slot.kernels.linear(x, weight, self.bias), None
 
 
 class KernelRMSNorm(torch.nn.Module):

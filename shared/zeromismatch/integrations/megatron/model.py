@@ -18,6 +18,8 @@ it, the trainer-side interface the project's code uses on a ``CausalLM``:
   ``CausalLM``.
 - ``parameters()``: Megatron's own parameters (this rank's shards), for any torch optimizer.
 - ``kernels`` / ``set_kernels``: one KernelSlot shared by every module.
+- ``fake_quant_format``: the weight format of a fake-quantized learner (``quantized.py``: the
+  project learner's ``FakeQuantizer`` per HF tensor, straight-through gradient), else None.
 
 Engine mode (a ``ModelCache``) is not offered: the rollout side stays the project's engine.
 """
@@ -119,6 +121,7 @@ class MegatronCausalLM(nn.Module):
         with _quiet_megatron_build():
             self.gpt = self._build_gpt(mcfg, config, stock_spec)
         self.maps = family_maps(config)
+        self.fake_quant_format: str | None = None  # set by quantized.fake_quantize_megatron
         names = set(self._params())
         mapped = {m.megatron for m in self.maps}
         if names != mapped:  # a spec and its weight map out of step is a bug here, not bad input
@@ -278,6 +281,10 @@ class MegatronCausalLM(nn.Module):
         config, dtype, tp_size, stock_spec = self._init_args
         twin = MegatronCausalLM(config, self.kernels, dtype, tp_size, stock_spec)
         twin.load_state_dict_hf(self.state_dict_hf(), source="copy")
+        if self.fake_quant_format is not None:
+            from .quantized import fake_quantize_megatron
+
+            fake_quantize_megatron(twin, self.fake_quant_format)
         twin.train(self.training)
         return twin
 
@@ -289,24 +296,34 @@ def build_megatron_model(
     seed: int | None = 0,
     tp_size: int = 1,
     stock_spec: bool = False,
+    quant: str | None = None,
 ) -> MegatronCausalLM:
     """A ``MegatronCausalLM`` for a preset / HF config, holding the weights the project's
     ``models.build_model(..., seed=seed)`` draws (the same HF tensors, so both learners and the engine
-    start from the same bits); ``seed=None`` leaves them for the caller to load."""
+    start from the same bits); ``seed=None`` leaves them for the caller to load. ``quant`` (a format
+    of ``models.QUANT_FORMATS``; None / "none": dense): a fake-quantized learner, as the project's
+    ``build_trainer_model`` makes one."""
     from ...models import build_model, resolve_config
+    from .quantized import check_quant, fake_quantize_megatron
 
     config = resolve_config(config_or_preset)
     check_megatron_model(config, tp_size)
+    check_quant(quant, tp_size)
     model = MegatronCausalLM(config, kernels, dtype, tp_size, stock_spec)
     if seed is not None:
         reference = build_model(config, kernels=kernels, dtype=dtype, seed=seed)
         model.load_state_dict_hf(reference.state_dict_hf(), source="random init")
-    return model
+    return fake_quantize_megatron(model, quant)
 
 
 def from_causal_lm(model, tp_size: int = 1) -> MegatronCausalLM:
     """The Megatron learner holding ``model``'s weights (a project ``CausalLM``), in its config,
-    kernel set and dtype: how ``rl.learner.build_policy`` makes a ``trainer="megatron"`` learner."""
+    kernel set, dtype and fake-quantized format (``fake_quantize_model``'s, if any): how
+    ``rl.learner.build_policy`` makes a ``trainer="megatron"`` learner."""
+    from .quantized import check_quant, fake_quantize_megatron
+
+    fmt = getattr(model, "fake_quant_format", None)
+    check_quant(fmt, tp_size)
     twin = MegatronCausalLM(model.config, model.kernels, model.dtype, tp_size)
     twin.load_state_dict_hf(model.state_dict_hf(), source=f"{type(model).__name__} weights")
-    return twin
+    return fake_quantize_megatron(twin, fmt)

@@ -11,7 +11,8 @@ Parameters: ``router.weight [E, H]`` and ``experts.{gate,up,down}_weight`` stack
 ``[E, H, I]`` (HF keeps one tensor per expert; ``weights.py`` stacks them). Router and experts are
 replicated over TP ranks, as the project's tensor parallelism keeps them (the ``moe_experts``
 contract has no TP split): every rank computes the same output, so no reduction is needed and every
-rank's gradient is complete.
+rank's gradient is complete. Fake-quantized (``quantized.py``), each expert's weight is
+``dequantize(quantize(w), fp32)``, then cast, as in the project's ``Experts``.
 
 ``KernelSharedRoutedMoE`` is the DeepSeek-V3 / Nemotron-H block (``models.moe.SharedRoutedMoe``):
 fp32 router logits (``kernels.linear`` on fp32 copies; router weight and ``e_score_correction_bias``
@@ -37,6 +38,21 @@ class KernelMoEExperts(torch.nn.Module):
         self.gate_weight = gate
         self.up_weight = Parameter(torch.empty(num_experts, intermediate, hidden, dtype=dtype))
         self.down_weight = Parameter(torch.empty(num_experts, hidden, intermediate, dtype=dtype))
+        self.fake_quant = None  # {attr: MegatronFakeQuantizer} once fake-quantized (quantized.py)
+
+    def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """(gate, up, down) in ``dtype``; fake-quantized, each expert ``dequantize(quantize(w), fp32)``
+        then cast, as the project's fake-quantized ``Experts`` builds them."""
+
+        def one(attr):
+            weight = getattr(self, attr)
+            if weight is None:
+                return None
+            if self.fake_quant is not None:
+                weight = self.fake_quant[attr](weight, torch.float32)
+            return weight.to(dtype)
+
+        return one("gate_weight"), one("up_weight"), one("down_weight")
 
 
 class KernelSoftmaxMoE(MegatronModule):
@@ -61,8 +77,8 @@ class KernelSoftmaxMoE(MegatronModule):
         weights, ids = kern.moe_route(
             logits, self.top_k, scoring="softmax", norm_topk_prob=self.norm_topk_prob
         )
-        e = self.experts
-        out = kern.moe_experts(x, weights, ids, e.gate_weight, e.up_weight, e.down_weight, activation="silu")
+        gate, up, down = self.experts.weights(x.dtype)
+        out = kern.moe_experts(x, weights, ids, gate, up, down, activation="silu")
         return out.reshape(hidden_states.shape), None
 
 
@@ -105,12 +121,8 @@ class KernelSharedRoutedMoE(MegatronModule):
             topk_group=self.topk_group, routed_scaling_factor=self.scaling,
         )  # fmt: skip
         routed_in = x if self.fc1_latent_proj is None else self.fc1_latent_proj(x)[0]
-        e, dtype = self.experts, x.dtype
-        gate = None if e.gate_weight is None else e.gate_weight.to(dtype)
-        routed = kern.moe_experts(
-            routed_in, weights, ids, gate, e.up_weight.to(dtype), e.down_weight.to(dtype),
-            activation=self.activation,
-        )  # fmt: skip
+        gate, up, down = self.experts.weights(x.dtype)
+        routed = kern.moe_experts(routed_in, weights, ids, gate, up, down, activation=self.activation)
         if self.fc2_latent_proj is not None:
             routed = self.fc2_latent_proj(routed)[0]
         shared, _ = self.shared_experts(x)
