@@ -18,7 +18,7 @@ import io
 import math
 import os
 import re
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 from ..io import atomic_write_bytes
@@ -190,7 +190,7 @@ def _curve_frame(sources: list[tuple[str, DataDir]]):
     family_of = {name: title for title, names in CURVE_FAMILIES for name in names}
     rows, nonfinite = [], []
     for label, data in sources:
-        recent: dict[str, list[float]] = {}  # key -> its last ROLLING_STEPS values (finite ones)
+        recent: dict[str, deque] = {}  # key -> its last ROLLING_STEPS values (finite ones)
         for index, record in enumerate(data.records):
             step = record.get("step", index)
             if isinstance(step, bool) or not isinstance(step, int | float):
@@ -202,8 +202,8 @@ def _curve_frame(sources: list[tuple[str, DataDir]]):
                 arm = arm or str(record.get("arm", ""))
                 if base in family_of:
                     if base in ROLLING_STEPS and math.isfinite(value):
-                        window = recent.setdefault(key, [])
-                        window[:] = [*window, float(value)][-ROLLING_STEPS[base] :]
+                        window = recent.setdefault(key, deque(maxlen=ROLLING_STEPS[base]))
+                        window.append(float(value))
                         value = sum(window) / len(window)
                     series = f"{label}:{arm}" if arm else label
                     # a line cannot show inf or NaN: counted here and named on the panel instead

@@ -481,23 +481,23 @@ def _resolve_metric(operand: dict, places: list[tuple[DataDir, bool]], label: st
             continue
         values = [value for _, value in series]
         name = f"{arm}.{metric}" if arm and prefixed else metric
-        window = window_width(operand, len(values))
+        width = window_width(operand, len(values))
         detail = f"{agg} over {len(values)} steps"
         if agg in ("head_mean", "tail_mean"):
-            detail = f"{agg} of {window} of {len(values)} steps"
+            detail = f"{agg} of {width} of {len(values)} steps"
         if agg == "all":
             value = float(np.max(np.abs(values)))
             missing = _expected_steps(data, arm, prefixed) - len(values)
             resolved = Resolved(label, value, values=values, steps=len(values), data=data)
             resolved.missing = max(0, missing)
         else:
-            resolved = Resolved(label, _aggregate(values, agg, window), steps=len(values), data=data)
-            resolved.samples = _averaged(values, agg, window)
+            resolved = Resolved(label, _aggregate(values, agg, width), steps=len(values), data=data)
+            resolved.samples = _averaged(values, agg, width)
             if agg not in ("count", "count_nonfinite"):
                 # An extreme over an inf step is honestly inf (an infinite mismatch is the largest),
                 # and a median is robust to one; a mean or a single step over one is not a level of
                 # the curve. NaN (nothing measured at that step) decides nothing under any aggregate.
-                read = _read_by(values, agg, window)
+                read = _read_by(values, agg, width)
                 unusable = math.isnan if agg in ("max", "min", "median") else (lambda v: not math.isfinite(v))
                 resolved.aggregated = len(read)
                 resolved.nonfinite = sum(1 for v in read if unusable(v))

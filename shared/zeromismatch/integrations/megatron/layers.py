@@ -47,6 +47,12 @@ class KernelSlot:
         return KernelSlot(self.kernels)
 
 
+def gemm_weight(linear, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The weight a spec'd linear's GEMM uses: its fake-quantized form when the model is fake-quantized
+    (``linear.fake_quant``, set by ``quantized.py``), else ``weight`` itself."""
+    return weight if linear.fake_quant is None else linear.fake_quant["weight"](weight, dtype)
+
+
 class KernelColumnParallelLinear(ColumnParallelLinear):
     """``ColumnParallelLinear`` with its local GEMM on ``kernels.linear``."""
 
@@ -63,9 +69,7 @@ class KernelColumnParallelLinear(ColumnParallelLinear):
         return self._gemm(input, weight, bias)
 
     def _gemm(self, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
-        if self.fake_quant is not None:
-            weight = self.fake_quant["weight"](weight, x.dtype)
-        return self.slot.kernels.linear(x, weight, bias)
+        return self.slot.kernels.linear(x, gemm_weight(self, weight, x.dtype), bias)
 
 
 class KernelOutputLayer(KernelColumnParallelLinear):
@@ -117,7 +121,7 @@ class KernelRowParallelLinear(RowParallelLinear):
         if self.fake_quant is not None:
             # one GEMM on the fake-quantized weight, as the project's fake-quantized Linear runs its
             # row-parallel layers (quantization is TP 1 only: there is nothing to reduce)
-            weight = self.fake_quant["weight"](self.weight, input_.dtype)
+            weight = gemm_weight(self, self.weight, input_.dtype)
             return self.slot.kernels.linear(input_, weight, self.bias), None
         group = self.tp_group if self.tp_group.size() > 1 else None
         out = self.slot.kernels.row_parallel_linear(input_, self.weight, self.bias, group, VIRTUAL_SHARDS)
@@ -140,8 +144,7 @@ class KernelReplicatedLinear(torch.nn.Module):
         self.fake_quant = None  # {"weight": MegatronFakeQuantizer} once fake-quantized (quantized.py)
 
     def forward(self, x: torch.Tensor):
-        weight = self.weight if self.fake_quant is None else self.fake_quant["weight"](self.weight, x.dtype)
-        return self.slot.kernels.linear(x, weight, self.bias), None
+        return self.slot.kernels.linear(x, gemm_weight(self, self.weight, x.dtype), self.bias), None
 
 
 class KernelRMSNorm(torch.nn.Module):
