@@ -120,3 +120,37 @@ def tp_worker(rank, group, preset: str, kernels: str, seqs: list[torch.Tensor]) 
 def tp_worker_presets(rank, group, presets: list[str], kernels: str, seqs: list[torch.Tensor]) -> dict:
     """``tp_worker`` for each preset in turn, in one pair of spawned ranks."""
     return {preset: tp_worker(rank, group, preset, kernels, seqs) for preset in presets}
+
+
+def tp_learner_steps(rank, group, config_dict: dict, rl_steps: int, start: dict | None = None) -> dict:
+    """The RL learner on a Megatron model at the group's TP degree (1 in-process or 2 spawned):
+    ``config.sft_steps`` supervised steps, then -- from ``start`` (HF tensors) if given, else from
+    where SFT ended, with fresh RL optimizer state either way -- ``rl_steps`` on-policy RL steps, each
+    on episodes the engine samples from the learner's current (gathered) weights. Returns the SFT
+    losses, the RL start weights, each RL step's stats, the final weights, and one more step's k3 with
+    the learner on the default set (the inverse: a kernel difference must show)."""
+    from zeromismatch.integrations.megatron import from_causal_lm
+    from zeromismatch.rl import RLConfig
+    from zeromismatch.rl.learner import Learner, build_policy
+    from zeromismatch.rl.loop import RolloutWorker, run_sft
+
+    config = RLConfig.from_dict(config_dict)
+    size = 1 if group is None else torch.distributed.get_world_size(group)
+    project = RLConfig.from_dict({**config_dict, "trainer": "zeromismatch"})
+    learner = Learner(config, model=from_causal_lm(build_policy(project, "learner"), tp_size=size))
+    sft_losses = run_sft(config, learner)
+    if start is not None:
+        learner.model.load_state_dict_hf(start)
+    start = learner.model.state_dict_hf()
+    worker = RolloutWorker(config)
+    steps = []
+    for step in range(rl_steps):
+        worker.set_weights(learner.model.state_dict_hf(), learner.version)
+        episodes = worker.generate(step)
+        stats = learner.rl_step(episodes, None)
+        steps.append({**stats, "reward_mean": sum(ep.reward for ep in episodes) / len(episodes)})
+    state = learner.model.state_dict_hf()
+    worker.set_weights(state, learner.version)
+    learner.model.set_kernels("default")
+    inverse = learner.rl_step(worker.generate(rl_steps), None)["k3_kl"]
+    return {"sft_losses": sft_losses, "start": start, "steps": steps, "state": state, "default_k3": inverse}

@@ -14,9 +14,11 @@ Megatron-core ``GPTModel`` on the same kernels (``integrations.megatron.Megatron
 offers the same trainer interface). Either way the optimizer is torch's AdamW over
 ``model.parameters()``, not Megatron's (Distributed)Optimizer: that one needs Megatron's DDP
 wrapper (contiguous ``main_grad`` buffers, data-parallel groups) and keeps its own state layout,
-while this learner has no data parallelism to shard over (one process, TP 1) and its checkpoints,
-resume and weights hash are the torch optimizer's ``state_dict`` and the HF tensors. AdamW's update
-is elementwise, so on TP shards it is the update Megatron's non-distributed optimizer makes.
+while this learner has no data parallelism to shard over and its checkpoints, resume and weights
+hash are the torch optimizer's ``state_dict`` and the HF tensors. AdamW's update is elementwise, so
+on TP shards it is the update Megatron's non-distributed optimizer makes. A Megatron model at TP > 1
+(``from_causal_lm(model, tp_size=2)`` in each rank of a gloo group) trains through the same
+``Learner``: its gradient norm and clipping span the TP group (``MegatronCausalLM.clip_grad_norm_``).
 """
 
 from __future__ import annotations
@@ -161,6 +163,9 @@ class Learner:
             return self._recompute(self._shadow, episodes, requires_grad=False)
 
     def _clip(self) -> float:
+        if getattr(self.model, "tp_size", 1) > 1:
+            # a TP-sharded learner's norm spans its TP group, counting each replicated tensor once
+            return self.model.clip_grad_norm_(self.config.grad_clip)
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = mismatch.pre_clip_grad_norm(params)
         if self.config.grad_clip > 0:

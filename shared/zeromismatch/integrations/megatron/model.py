@@ -210,6 +210,40 @@ class MegatronCausalLM(nn.Module):
         positions = torch.arange(input_ids.shape[1], dtype=torch.int64).expand_as(input_ids)
         return self.gpt(input_ids, positions, None, runtime_gather_output=True)
 
+    # ---- training ---------------------------------------------------------------------------------
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """The global L2 norm of the gradients (float64, before clipping) over the whole model, then
+        every gradient scaled by ``max_norm / (norm + 1e-6)`` where that is below 1 (``max_norm`` 0:
+        no clipping), as ``torch.nn.utils.clip_grad_norm_`` scales them. Over the TP group a sharded
+        parameter's squares are summed across ranks and a replicated one's counted once (every rank
+        holds the same gradient), so each rank gets the norm TP 1 would, up to fp32 rounding of the
+        gradients themselves (tests/megatron/test_megatron_tp.py)."""
+        import math
+
+        from .weights import REPLICATED_KINDS
+
+        params = dict(self.gpt.named_parameters())
+        kinds = {m.megatron: m.kind for m in self.maps}
+        squares = {True: torch.zeros((), dtype=torch.float64), False: torch.zeros((), dtype=torch.float64)}
+        present = []
+        for name, param in params.items():
+            if param.grad is None:
+                continue
+            present.append(param)
+            squares[kinds[name] in REPLICATED_KINDS] += param.grad.detach().double().pow(2).sum()
+        sharded = squares[False]
+        if self.tp_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(sharded, group=self.tp_group)
+        norm = math.sqrt(float(sharded + squares[True]))
+        if max_norm > 0 and math.isfinite(norm):
+            coefficient = max_norm / (norm + 1e-6)
+            if coefficient < 1.0:
+                for param in present:
+                    param.grad.detach().mul_(coefficient)
+        return norm
+
     # ---- HF state dict ------------------------------------------------------------------------------
     def _params(self) -> dict[str, torch.Tensor]:
         """Parameters and persistent buffers (a sigmoid router's ``e_score_correction_bias``: a
