@@ -22,10 +22,13 @@ there are skipped (``<out>/.done/``); inside a step, runs that have a ``summary.
 
 ``--jobs N`` (default: one per CPU core, at most 2) runs up to N training steps at once, longest first
 (by the committed runs' ``time_total_s``). Every child is single-threaded, so running two side by side
-changes no bit of either; the benchmarks, which are timings, run afterwards, one at a time, alone.
+changes no bit of either; the benchmarks, which are timings, run afterwards, one at a time, alone. The
+overall bar advances by each finished run's committed ``time_total_s``, so its ETA is wall time;
+``--plan`` prints the run order and the wall time those times predict, and runs nothing. The wall time
+of the whole invocation goes into ``reproduce.json`` (``wall_s``).
 
     python scripts/reproduce_mini.py [--out DIR] [--update] [--only NAME ...] [--no-benchmarks]
-                                     [--no-learnability] [--jobs N] [--quiet]
+                                     [--no-learnability] [--jobs N] [--plan] [--quiet]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import re
 import shutil
@@ -68,6 +72,7 @@ FIXED_ENV = {
 UNSET_ENV = ("ZM_CRASH_AFTER_STEP", "ZM_CRASH_DURING_CHECKPOINT")
 WARM_START_ENV, WARM_STARTS = "ZEROMISMATCH_WARM_START_DIR", "warm_starts"  # zeromismatch.rl.warm_start
 STATUSES = ("identical", "differs", "new", "missing")
+OVERALL_BAR = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}"
 MAX_DEFAULT_JOBS = 2  # the machines this runs on have 2 cores; more jobs than cores only slows each
 
 
@@ -338,16 +343,18 @@ def _tail(log: Path, lines: int = 20) -> str:
         return ""
 
 
+def unit_seconds(unit: Path, committed: Path, out: Path) -> float | None:
+    """The committed run's ``time_total_s`` for the fresh run ``unit`` will mark; None if it has none."""
+    try:
+        return float(json.loads((committed / unit.relative_to(out)).read_text())["time_total_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def expected_seconds(step: Step, committed: Path, out: Path) -> float:
     """What the committed runs of ``step`` took (their ``time_total_s``); unknown counts as longest."""
-    total = 0.0
-    for unit in step.units:
-        try:
-            summary = json.loads((committed / unit.relative_to(out)).read_text())
-            total += float(summary["time_total_s"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return float("inf")
-    return total
+    times = [unit_seconds(unit, committed, out) for unit in step.units]
+    return float("inf") if None in times else sum(times)
 
 
 def schedule(steps: list[Step], committed: Path, out: Path) -> tuple[list[Step], list[Step]]:
@@ -355,6 +362,19 @@ def schedule(steps: list[Step], committed: Path, out: Path) -> tuple[list[Step],
     shared = [s for s in steps if not s.exclusive]
     shared.sort(key=lambda s: -expected_seconds(s, committed, out))  # stable: ties keep plan order
     return shared, [s for s in steps if s.exclusive]
+
+
+def predicted_seconds(steps: list[Step], committed: Path, out: Path, jobs: int) -> tuple[float, list[str]]:
+    """The wall time the committed runs' times predict for ``steps`` as ``run_all`` runs them (each
+    training step, longest first, on the least loaded of ``jobs`` slots; then the exclusive ones), and
+    the steps left out of it for want of a committed time (the benchmarks record none)."""
+    shared, exclusive = schedule(steps, committed, out)
+    known = {s.name: t for s in steps if math.isfinite(t := expected_seconds(s, committed, out))}
+    slots = [0.0] * max(1, jobs)
+    for step in (s for s in shared if s.name in known):
+        slots[slots.index(min(slots))] += known[step.name]
+    wall = max(slots) + sum(known.get(s.name, 0.0) for s in exclusive)
+    return wall, [s.name for s in steps if s.name not in known]
 
 
 def run_all(
@@ -365,13 +385,24 @@ def run_all(
     from tqdm import tqdm
 
     done_dir = out / DONE_DIR
-    total = sum(max(1, len(s.units)) for s in steps)
+    committed = committed or root / "results" / "reproduced"
+    # the overall bar advances by each finished run's committed time, so its ETA is in wall time (a run
+    # without one weighs the mean of those with one)
+    seconds = {u: unit_seconds(u, committed, out) for s in steps for u in s.units}
+    known = [t for t in seconds.values() if t is not None]
+    fallback = sum(known) / len(known) if known else 1.0
+    weight = {u: fallback if t is None else t for u, t in seconds.items()}
 
     def units_done(s: Step) -> int:
         return max(1, len(s.units)) if (done_dir / s.slug).exists() else sum(u.is_file() for u in s.units)
 
-    overall = tqdm(total=total, initial=sum(map(units_done, steps)), unit="run", desc="reproduce",
-                   disable=quiet, position=0)  # fmt: skip
+    def seconds_done() -> float:
+        finished = (u for s in steps for u in s.units if (done_dir / s.slug).exists() or u.is_file())
+        return sum(weight[u] for u in finished)
+
+    overall = tqdm(total=sum(weight.values()) or 1.0, initial=seconds_done(), desc="reproduce",
+                   disable=quiet, position=0, bar_format=OVERALL_BAR)  # fmt: skip
+    runs_total = sum(max(1, len(s.units)) for s in steps)
     bars: dict[str, tqdm] = {}  # one bar per running step: its runs finished of its runs
     slots: dict[str, int] = {}  # its line below the overall bar
     lock = threading.Lock()
@@ -380,7 +411,8 @@ def run_all(
 
     def poll() -> None:
         with lock:
-            overall.update(sum(map(units_done, steps)) - overall.n)
+            overall.update(seconds_done() - overall.n)
+            overall.set_postfix_str(f"{sum(map(units_done, steps))}/{runs_total} runs", refresh=False)
             for name, bar in bars.items():
                 bar.update(units_done(by_name[name]) - bar.n)
 
@@ -417,7 +449,7 @@ def run_all(
             records[step.name] = {"step": step.name, "skipped": "finished in this directory before"}
         else:
             todo.append(step)
-    shared, exclusive = schedule(todo, committed or root / "results" / "reproduced", out)
+    shared, exclusive = schedule(todo, committed, out)
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
         pending = {pool.submit(one, step) for step in shared}
@@ -434,6 +466,18 @@ def run_all(
         raise
     overall.close()
     return [records[s.name] for s in steps if s.name in records], failed
+
+
+def print_plan(steps: list[Step], committed: Path, out: Path, jobs: int) -> None:
+    shared, exclusive = schedule(steps, committed, out)
+    for step in [*shared, *exclusive]:
+        t = expected_seconds(step, committed, out)
+        print(f"{'?' if math.isinf(t) else datetime.timedelta(seconds=round(t))!s:>9}  {step.name}"
+              f"{'  (alone, after the rest)' if step.exclusive else ''}")  # fmt: skip
+    wall, unknown = predicted_seconds(steps, committed, out, jobs)
+    left_out = f"; not counted (no committed time): {len(unknown)} steps" if unknown else ""
+    print(f"predicted wall time at --jobs {jobs}: {datetime.timedelta(seconds=round(wall))}, from the "
+          f"committed runs' time_total_s{left_out}")  # fmt: skip
 
 
 def default_jobs() -> int:
@@ -513,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=default_jobs(),
         help=f"training steps run at once (default {default_jobs()}: the cores, at most {MAX_DEFAULT_JOBS})",
     )  # fmt: skip
+    parser.add_argument(
+        "--plan", action="store_true",
+        help="print the steps in run order and the wall time the committed runs predict; run nothing",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar; the table only")
     parser.add_argument("--no-benchmarks", action="store_true", help="skip benchmarks/*.py")
     parser.add_argument("--no-learnability", action="store_true", help="skip scripts/learnability.py")
@@ -544,12 +592,17 @@ def main(argv: list[str] | None = None) -> int:
         print("reproduce: nothing to run")
         return 0
     groups = [(f"{exp.name}/mini", 2) for exp in experiments] + ([(LEARNABILITY, 2)] if learnability else [])
+    if args.plan:
+        print_plan(steps, committed, out, args.jobs)
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     config = settings(root)
     if not args.quiet:
         print(f"reproduce: {len(steps)} steps into {out}, {args.jobs} at once (rerun with --out {out} to "
               "resume)", flush=True)  # fmt: skip
+    started = time.perf_counter()
     records, failed = run_all(steps, root, out, args.quiet, args.jobs, committed)
+    wall = round(time.perf_counter() - started, 1)  # this invocation's; a resumed one's excludes the earlier
     rows = compare_groups(out, committed, groups)
     bench_files = [u for s in steps if s.name.startswith("benchmark ") for u in s.units]
     print(render_table(rows, header_lines(out, committed, config)))
@@ -566,10 +619,12 @@ def main(argv: list[str] | None = None) -> int:
 
     atomic_write_json(out / REPORT, {
         "fresh": str(out), "committed": str(committed), "settings": config, "steps": records,
-        "failed_steps": failed,
+        "failed_steps": failed, "jobs": args.jobs, "wall_s": wall,
         "runs": [dataclasses.asdict(r) for r in rows],
         "benchmarks": [str(p) for p in bench_files if p.is_file()], "updated": updated,
     })  # fmt: skip
+    took = datetime.timedelta(seconds=round(wall))
+    print(f"reproduce: {len(records)} steps, wall time {took} at --jobs {args.jobs}")
     if failed:
         print(f"reproduce: failed: {', '.join(failed)}", file=sys.stderr)
     if args.update:

@@ -271,3 +271,23 @@ def test_zero_jobs_is_one_error(script, capsys):
     with pytest.raises(SystemExit) as exit_info:
         script.main(["--jobs", "0", "--quiet"])
     assert exit_info.value.code == 2 and capsys.readouterr().err.count("error:") == 1
+
+
+def test_the_plan_predicts_the_wall_time_of_longest_first_on_the_jobs(script, tmp_path):
+    times = {"a": 30.0, "b": 20.0, "c": 15.0, "bench": 4.0, "new": None}
+    steps, out, committed = _steps(script, tmp_path, times)
+    # two slots: a (30) | b (20) + c (15) = 35, then the exclusive bench (4); "new" has no time
+    assert script.predicted_seconds(steps, committed, out, jobs=2) == (39.0, ["new"])
+    assert script.predicted_seconds(steps, committed, out, jobs=1) == (69.0, ["new"])
+
+
+def test_plan_runs_nothing_and_a_run_records_its_wall_time(checkout, monkeypatch, capsys):
+    root, module = checkout
+    plan_out = root / "runs" / "plan"
+    assert module.main(["--plan", *ARGS, "--out", str(plan_out)]) == 0
+    assert "predicted wall time at --jobs" in capsys.readouterr().out and not plan_out.exists()
+    fake_steps(module, monkeypatch, {"a": {}, "b": {}})
+    out = root / "runs" / "fresh"
+    module.main([*ARGS, "--out", str(out)])
+    report = json.loads((out / module.REPORT).read_text())
+    assert report["wall_s"] >= 0 and report["jobs"] == module.default_jobs()
