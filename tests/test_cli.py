@@ -43,6 +43,25 @@ def test_info_json_reports_versions_and_kernel_sets(capsys):
     assert info["hardware"]["cpu_count"] >= 1
 
 
+def test_info_ops_names_the_function_behind_every_op(capsys):
+    from zeromismatch.kernels import KernelSet
+    from zeromismatch.kernels.aligned import attention
+
+    assert main(["info", "--ops", "--kernels", "aligned", "default", "--json"]) == 0
+    tables = json.loads(capsys.readouterr().out)
+    assert sorted(tables) == ["aligned", "default"]
+    assert all(sorted(t) == sorted(KernelSet.__abstractmethods__) for t in tables.values())
+    assert tables["aligned"]["attention"] == f"{attention.__name__}.attention"
+    assert tables["default"]["attention"] != tables["aligned"]["attention"]  # a table per set, not one
+
+
+def test_info_ops_bad_input_is_one_line_and_exit_2(capsys):
+    assert main(["info", "--ops", "--kernels", "no-such-set"]) == 2
+    assert main(["info", "--kernels", "aligned"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "no-such-set" in err[0] and "--ops" in err[1]
+
+
 def test_unknown_command_fails_with_usage():
     out = _zm("no-such-command")
     assert out.returncode != 0
