@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test lint reproduce figures bench vllm-peer clean
+.PHONY: venv test test-fast lint reproduce figures bench vllm-peer clean
 
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ lint: venv
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+
+# the everyday tier: everything not marked slow (the whole suite is `make test`, which CI runs)
+test-fast: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -m "not slow"
 
 # verify: rerun every mini run into runs/reproduce-<date>/ and compare each with results/reproduced/
 # bit for bit (exit 1 on any difference); UPDATE=1 replaces results/reproduced/ with the fresh runs.
