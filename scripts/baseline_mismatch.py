@@ -39,7 +39,7 @@ def warm_start_config(exp):
 
 def measure(name: str, warm_root: Path, num_prompts: int, quiet: bool) -> dict:
     from zeromismatch import _provenance
-    from zeromismatch.commands.parity import run_parity
+    from zeromismatch.parity import run_parity
     from zeromismatch.rl.stacks import STACKS
     from zeromismatch.rl.trained import load_trained_policy, make_warm_start
 

@@ -75,7 +75,7 @@ def invariances(scale_dir: Path) -> None:
     """Add the three invariance measurements (max |rollout − trainer| logprob) to each arm."""
     import json
 
-    from zeromismatch.commands.parity import run_parity
+    from zeromismatch.parity import run_parity
 
     for arm in mini():
         runs = [scale_dir / name for name, _ in arm.runs() if (scale_dir / name / "summary.json").exists()]

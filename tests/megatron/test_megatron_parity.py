@@ -15,10 +15,10 @@ from megatron_helpers import (
     unpad,
 )
 
-from zeromismatch.commands.parity import make_workload, run_engine_workload
 from zeromismatch.engine import LLM
 from zeromismatch.integrations.megatron import build_megatron_model, from_causal_lm
 from zeromismatch.models import build_model
+from zeromismatch.parity import make_workload, run_engine_workload
 from zeromismatch.train.logprobs import recompute_outputs
 
 pytestmark = pytest.mark.megatron

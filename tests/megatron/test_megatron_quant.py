@@ -16,10 +16,10 @@ import torch
 from megatron_helpers import DTYPES, grad_gap, hf_grads, loss_of, sequences
 
 from zeromismatch.cli import main
-from zeromismatch.commands.parity import make_workload, run_engine_workload
 from zeromismatch.engine import LLM
 from zeromismatch.integrations.megatron import build_megatron_model, from_causal_lm
 from zeromismatch.models import QUANT_FORMATS, build_model, fake_quantize_model, quantize_model
+from zeromismatch.parity import make_workload, run_engine_workload
 from zeromismatch.rl import RLConfig
 from zeromismatch.rl.learner import Learner, build_policy, weights_hash
 from zeromismatch.train.logprobs import recompute_outputs

@@ -19,10 +19,10 @@ import pytest
 import torch
 from megatron_helpers import grad_gap, hf_grads, loss_of, project_logits, sequences, tp_worker_presets
 
-from zeromismatch.commands.parity import run_parity
 from zeromismatch.engine.tp import run_spmd
 from zeromismatch.integrations.megatron import build_megatron_model
 from zeromismatch.models import build_model
+from zeromismatch.parity import run_parity
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zeromismatch.commands.parity import run_parity
 from zeromismatch.models import build_model, memory, resolve_config
+from zeromismatch.parity import run_parity
 
 GIB = 2**30
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from zeromismatch.commands.parity import make_workload, run_engine_workload
 from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
+from zeromismatch.parity import make_workload, run_engine_workload
 from zeromismatch.train.logprobs import recompute_outputs
 
 PRESETS = ["tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h"]

@@ -24,8 +24,8 @@ from parity_helpers import (
     trainer_diff,
 )
 
-from zeromismatch.commands.parity import run_parity
 from zeromismatch.engine import SamplingParams
+from zeromismatch.parity import run_parity
 from zeromismatch.train.logprobs import compute_logprobs
 
 

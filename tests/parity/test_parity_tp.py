@@ -10,8 +10,8 @@ import pytest
 import torch
 from parity_helpers import PRESETS, SAMPLING
 
-from zeromismatch.commands.parity import run_parity
 from zeromismatch.engine import LLM, SamplingParams
+from zeromismatch.parity import run_parity
 
 pytestmark = pytest.mark.slow
 

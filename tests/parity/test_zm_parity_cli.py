@@ -154,7 +154,7 @@ def test_zm_parity_reports_tokens_outside_the_trainers_support(capsys):
 def test_parity_stats_count_excluded_tokens_and_refuse_broken_ones():
     """-inf on one side (a token outside the trainer's support) is counted; a nan or +inf logprob
     is a broken side, one clear error; informative_tokens counts among the compared tokens."""
-    from zeromismatch.commands.parity import diff_stats
+    from zeromismatch.parity import diff_stats
 
     rollout = torch.tensor([-0.5, -1.0, 0.0, -2.0])
     trainer = torch.tensor([-0.5, float("-inf"), 0.0, -2.5])

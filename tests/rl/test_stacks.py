@@ -15,8 +15,8 @@ import pytest
 from rl_helpers import read_metrics, tiny_config
 
 from zeromismatch.cli import main
-from zeromismatch.commands.parity import run_parity
 from zeromismatch.models import TINY_PRESETS
+from zeromismatch.parity import run_parity
 from zeromismatch.rl import RLConfig, train
 from zeromismatch.rl.stacks import STACKS, get_stack, inverse_of, stack_fields
 

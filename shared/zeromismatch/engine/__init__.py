@@ -8,9 +8,9 @@ llm.py (``LLM``: generate, step API, update_weights), tp.py (tensor parallel eng
 spawned gloo workers).
 """
 
+from ..kernels.sampling import SamplingParams
 from .llm import LLM
 from .request import Request, RequestOutput, RequestStatus
-from .sampling_params import SamplingParams
 from .weights import UPDATE_MODES
 
 __all__ = ["LLM", "UPDATE_MODES", "Request", "RequestOutput", "RequestStatus", "SamplingParams"]

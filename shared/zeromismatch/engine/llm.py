@@ -36,12 +36,12 @@ import torch
 from ..kernels import get_kernels
 from ..kernels.aligned.gemm import check_gemm_environment
 from ..kernels.quant import check_kv_cache_dtype
+from ..kernels.sampling import SamplingParams
 from ..kernels.selfcheck import verify_for_model
 from ..models.quantized import QUANT_FORMATS as WEIGHT_FORMATS
 from .kv_cache import BlockManager
 from .request import Request, RequestOutput, RequestStatus
 from .runner import ModelRunner
-from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .weights import merged_state_dict, validate_update_mode
 

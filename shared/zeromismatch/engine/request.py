@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .sampling_params import SamplingParams
+from ..kernels.sampling import SamplingParams
 
 
 class RequestStatus(enum.Enum):

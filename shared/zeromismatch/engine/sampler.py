@@ -27,7 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.native import random as native_random
-from .sampling_params import SamplingParams
+from ..kernels.sampling import SamplingParams, sampling_tensors, token_logprobs
+
+__all__ = ["Sampler", "SamplerOutput", "mix_seed", "sampling_tensors", "token_logprobs"]
 
 _MASK64 = (1 << 64) - 1
 _TINY = torch.finfo(torch.float32).tiny
@@ -40,40 +42,6 @@ def mix_seed(seed: int, token_index: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (z ^ (z >> 31)) >> 1
-
-
-def sampling_tensors(
-    params: list[SamplingParams], device=None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row (temperature fp32, top_k int64, top_p fp32) for ``processed_log_softmax``."""
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
-    top_k = torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64, device=device)
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
-    return temperature, top_k, top_p
-
-
-def token_logprobs(
-    kernels, logits: torch.Tensor, params: list[SamplingParams], tokens: torch.Tensor, mode: str | None = None
-) -> torch.Tensor:
-    """Logprob of ``tokens[i]`` under row i's distribution: processed or raw per row's mode
-    (or ``mode`` for every row). The trainer's recompute calls this same function."""
-    modes = [mode or p.logprobs_mode for p in params]
-    out = torch.empty(len(params), dtype=torch.float32, device=logits.device)
-    processed_rows = [i for i, m in enumerate(modes) if m == "processed"]
-    raw_rows = [i for i, m in enumerate(modes) if m == "raw"]
-    if processed_rows and not raw_rows:
-        temperature, top_k, top_p = sampling_tensors(params, logits.device)
-        lp = kernels.processed_log_softmax(logits, temperature, top_k, top_p)
-        return lp.gather(1, tokens.view(-1, 1)).view(-1)
-    if raw_rows and not processed_rows:
-        return kernels.log_softmax(logits).gather(1, tokens.view(-1, 1)).view(-1)
-    if not params:
-        return out
-    for rows, fn in ((processed_rows, "processed"), (raw_rows, "raw")):
-        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        sub = token_logprobs(kernels, logits[index], [params[i] for i in rows], tokens[index], fn)
-        out = out.index_put((index,), sub)
-    return out
 
 
 @dataclass

@@ -194,7 +194,7 @@ def cached_dequantize(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Ten
     if not isinstance(qweight, QuantizedWeight):
         raise TypeError(f"expected a QuantizedWeight, got {type(qweight).__name__}")
     # gemm.py lives in the aligned package, whose dense.py imports this module
-    from .aligned.gemm import cached_from_weights
+    from .weight_cache import cached_from_weights
 
     tensors = (qweight.data, qweight.scales)
     if qweight.global_scale is not None:

@@ -66,11 +66,11 @@ from collections.abc import Callable, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .aligned.gemm import packed_weights
 from .base import QuantizedWeight
 from .host_reads import host_reads_for_checks, reading_for_checks
 from .native import _build
 from .replay_lowering import NativeRecord, lowered, same_bytes
+from .weight_cache import packed_weights
 
 __all__ = ["Guard", "ReplayDiverged", "StepGraph", "capture", "host_reads_for_checks"]
 

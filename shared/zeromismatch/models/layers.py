@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..kernels.aligned.gemm import cached_from_weights
 from ..kernels.base import KernelSet, QuantizedWeight
 from ..kernels.quant import fp8_kv_roundtrip
+from ..kernels.weight_cache import cached_from_weights
 from .batch import ForwardBatch, ModelCache
 from .tp import TensorParallel
 

@@ -35,7 +35,7 @@ from functools import partial
 import torch
 
 from ..kernels import quant
-from ..kernels.aligned.gemm import cached_from_weights
+from ..kernels.weight_cache import cached_from_weights
 from .causal_lm import CausalLM
 from .layers import Linear
 from .moe import Experts

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.sampling_params import SamplingParams
+from ..kernels.sampling import SamplingParams
 from ..train.losses import LOSSES
 from .stacks import NUMERICS_FIELDS, numerics_problems
 

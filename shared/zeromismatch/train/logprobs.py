@@ -32,9 +32,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..engine.sampler import token_logprobs
-from ..engine.sampling_params import LOGPROBS_MODES, SamplingParams
 from ..kernels import get_kernels
+from ..kernels.sampling import LOGPROBS_MODES, SamplingParams, token_logprobs
 from ..kernels.selfcheck import verify_for_model
 from ..models.batch import ForwardBatch
 

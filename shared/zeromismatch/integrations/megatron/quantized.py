@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.aligned.gemm import cached_from_weights
+from ...kernels.weight_cache import cached_from_weights
 from ...models.quantized import QUANT_FORMATS, FakeQuantizer, _check_nvfp4_shape
 
 #: the settings with no weight format, as ``RLConfig.quant`` / ``zm parity --quant`` spell them

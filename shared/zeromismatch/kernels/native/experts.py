@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..aligned import moe as aligned_moe
-from ..aligned.gemm import cached_from_weights
+from ..weight_cache import cached_from_weights
 from . import _build
 from ._autograd import native_with_reference_backward
 from ._device import CPU, require_cpu

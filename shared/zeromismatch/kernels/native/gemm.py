@@ -15,7 +15,7 @@ products lose nothing outside underflow, so the logits have fp32 precision like 
 in a different order; gemm.c states the rule exactly). Every output's bits are
 fixed by that rule whatever the batch, the row's position, the thread count or the register
 block, and an ``-O0`` build (portable C) gives the bits of the AVX-512 build (tests). The packed
-weight is cached while the weight is unchanged (``aligned.gemm.cached_from_weights``).
+weight is cached while the weight is unchanged (``kernels/weight_cache.py``).
 
 - ``linear(x, weight, bias)``: the rule on x's dtype (fp32, or bf16 with fp32 sums; fp16 upcast
   exactly to fp32; fp64 keeps the aligned op), rounded to x's dtype, plus the bias; the aligned
@@ -43,9 +43,10 @@ import torch
 
 from .. import collectives
 from ..aligned import dense as aligned_dense
-from ..aligned.gemm import cached_from_weight, cached_from_weights, row_invariant_pieces
+from ..aligned.gemm import row_invariant_pieces
 from ..base import QuantizedWeight
 from ..quant import cached_dequantize, dequantize
+from ..weight_cache import cached_from_weight, cached_from_weights
 from . import _build
 from ._autograd import native_with_reference_backward, refuse_double_backward
 from ._device import CPU, require_cpu

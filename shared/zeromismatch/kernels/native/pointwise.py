@@ -31,7 +31,7 @@ import math
 import torch
 
 from ..aligned import dense as aligned_dense
-from ..aligned.gemm import cached_from_weights
+from ..weight_cache import cached_from_weights
 from . import _build
 from ._autograd import native_with_reference_backward
 from ._device import require_cpu
