@@ -24,7 +24,7 @@ KEYS = ("diff_max", "diff_mean", "diff_std", "k3_kl", "nonfinite_tokens", "token
 
 
 def experiment(name: str):
-    from zeromismatch.expt.spec import load_experiment_configs
+    from zeromismatch.experiment.spec import load_experiment_configs
 
     return load_experiment_configs(ROOT / "experiments" / name).EXPERIMENT
 

@@ -65,7 +65,7 @@ def discover(root: Path = ROOT) -> list[str]:
 
 
 def load_configs(name: str, root: Path = ROOT) -> ModuleType:
-    from zeromismatch.expt.spec import load_experiment_configs
+    from zeromismatch.experiment.spec import load_experiment_configs
 
     return load_experiment_configs(root / "experiments" / name)
 

@@ -2,7 +2,7 @@
 
 Results land in ``results/reproduced/learnability/<case>/seed<k>/`` of this script's checkout (or
 under ``--out-root``); finished runs are skipped unless ``--force``. ``paper_figures/make_all.py``
-renders them into the report. See ``zeromismatch.expt.learnability`` for the cases and why there are
+renders them into the report. See ``zeromismatch.experiment.learnability`` for the cases and why there are
 several seeds.
 
     python scripts/learnability.py [--cases tools_lag64,desktop] [--seeds 0 1 2] [--force] [--quiet]
@@ -17,11 +17,12 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from zeromismatch._provenance import freeze_git_state
 
-    # an hour-long suite records the code it started with, whatever is committed meanwhile; the cases are
-    # defined in the package (expt/learnability.py), so the package's checkout is the one whose configs ran
+    # an hour-long suite records the code it started with, whatever is committed meanwhile; the cases
+    # are defined in the package (experiment/learnability.py), so the package's checkout is the one
+    # whose configs ran
     freeze_git_state()
     from zeromismatch.checkout import use_checkout
-    from zeromismatch.expt.learnability import SEEDS, cases, run_suite, select
+    from zeromismatch.experiment.learnability import SEEDS, cases, run_suite, select
     from zeromismatch.io import check_directory_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -250,7 +250,7 @@ def discover(root: Path) -> list[Path]:
 def mini_runs(experiment_dir: Path) -> list[str]:
     """The experiment's mini run directories (``<arm>`` or ``<arm>/seed<k>``), from its configs.py
     (imported the way launch.py imports it)."""
-    from zeromismatch.expt.spec import load_experiment_configs
+    from zeromismatch.experiment.spec import load_experiment_configs
 
     arms = load_experiment_configs(experiment_dir).EXPERIMENT.arms_for("mini")
     return [name for arm in arms for name, _ in arm.runs()]
@@ -267,7 +267,7 @@ def plan(root: Path, out: Path, experiments: list[Path], learnability: bool, ben
         for exp in experiments
     ]  # fmt: skip
     if learnability:
-        from zeromismatch.expt.learnability import SEEDS, cases
+        from zeromismatch.experiment.learnability import SEEDS, cases
 
         suite = out / LEARNABILITY
         units = [suite / case.name / f"seed{seed}" / "summary.json" for case in cases() for seed in SEEDS]

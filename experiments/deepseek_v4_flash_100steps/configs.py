@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zeromismatch.expt import Arm, Experiment, FullScale
-from zeromismatch.expt.spec import add_to_summary
+from zeromismatch.experiment import Arm, Experiment, FullScale
+from zeromismatch.experiment.spec import add_to_summary
 from zeromismatch.rl import RLConfig
 from zeromismatch.rl.stacks import stack_fields
 

@@ -25,7 +25,7 @@ arm runs the same settings; seeds 1-2 ran untouched afterwards.
 
 from __future__ import annotations
 
-from zeromismatch.expt import Arm, Experiment, FullScale
+from zeromismatch.experiment import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
 from zeromismatch.rl.stacks import stack_fields
 

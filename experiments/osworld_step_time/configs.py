@@ -13,7 +13,7 @@ is emulated (quantize -> dequantize), so it is slower here than it is on a GPU.
 
 from __future__ import annotations
 
-from zeromismatch.expt import Arm, Experiment, FullScale
+from zeromismatch.experiment import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
 from zeromismatch.rl.stacks import stack_fields
 

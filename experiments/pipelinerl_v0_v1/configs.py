@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zeromismatch.expt import Arm, Experiment, FullScale
-from zeromismatch.expt.spec import add_to_summary, read_records, tail_mean
+from zeromismatch.experiment import Arm, Experiment, FullScale
+from zeromismatch.experiment.spec import add_to_summary, read_records, tail_mean
 from zeromismatch.rl import RLConfig
 from zeromismatch.rl.stacks import stack_fields
 

@@ -7,7 +7,7 @@ Mini stand-in: tiny-qwen3-moe on the multi-turn calculator-tool env (the model c
 
 from __future__ import annotations
 
-from zeromismatch.expt import Arm, Experiment, FullScale
+from zeromismatch.experiment import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
 from zeromismatch.rl.stacks import stack_fields
 

@@ -24,7 +24,7 @@ Hyper-parameters (docs/learnability.md, seed 0, aligned lag-64 arm only): RL lr 
 
 from __future__ import annotations
 
-from zeromismatch.expt import Arm, Experiment, FullScale
+from zeromismatch.experiment import Arm, Experiment, FullScale
 from zeromismatch.rl import RLConfig
 from zeromismatch.rl.stacks import stack_fields
 

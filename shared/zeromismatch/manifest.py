@@ -1,7 +1,7 @@
 """A run directory's ``manifest.json``: the sha256 of every data file it holds.
 
 A run writes its manifest last (after summary.json), and a postprocess that rewrites a summary
-(:func:`zeromismatch.expt.spec.add_to_summary`) writes it again, so a finished run's manifest
+(:func:`zeromismatch.experiment.spec.add_to_summary`) writes it again, so a finished run's manifest
 matches its files; ``zm audit`` then reports any file edited, added or removed since
 (:func:`check_manifest`). It makes tampering *evident*, not impossible: whoever rewrites a file can
 rewrite the manifest too, which is why the audit also compares committed results with git HEAD.

@@ -96,6 +96,6 @@ def test_no_suite_at_all_is_one_not_run_line(tmp_path):
 
 
 def test_the_expected_suite_is_the_one_the_suite_script_runs():
-    from zeromismatch.expt.learnability import SEEDS, cases
+    from zeromismatch.experiment.learnability import SEEDS, cases
 
     assert expected_runs() == {case.name: tuple(SEEDS) for case in cases()}

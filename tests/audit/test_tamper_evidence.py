@@ -270,7 +270,7 @@ def test_the_manifest_covers_data_files_only(tmp_path):
 
 
 def test_add_to_summary_reseals_the_run(tmp_path):
-    from zeromismatch.expt.spec import add_to_summary
+    from zeromismatch.experiment.spec import add_to_summary
 
     run = tmp_path / "arm"
     run.mkdir()

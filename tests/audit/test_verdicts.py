@@ -351,7 +351,7 @@ def test_arms_from_different_commits_are_not_compared(results):
 def test_a_value_a_postprocess_wrote_at_another_commit_is_not_compared(tmp_path, results):
     # add_to_summary records who computed a derived value; a postprocess at a later commit (or over
     # an input run of another commit) used to be cited with the arm's own commit
-    from zeromismatch.expt.spec import add_to_summary
+    from zeromismatch.experiment.spec import add_to_summary
 
     before, after = {"eval_pass_at_1_before": 0.4}, {"aligned": 0.45, "default": 0.2}
     claim, provenance = "S3-default-aime24-34.27-to-13.96", {"git_commit": "a" * 40}

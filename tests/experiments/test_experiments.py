@@ -10,7 +10,7 @@ import sys
 import pytest
 from experiment_helpers import EXPERIMENTS, ROOT, load
 
-from zeromismatch.expt.runner import run_experiment
+from zeromismatch.experiment.runner import run_experiment
 
 
 def test_all_six_published_experiments_exist():
@@ -70,7 +70,7 @@ def test_smoke_scale_runs_every_arm(tmp_path, name):
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_full_scale_dry_run_writes_sbatch(tmp_path, monkeypatch, name):
-    import zeromismatch.expt.runner as runner
+    import zeromismatch.experiment.runner as runner
 
     monkeypatch.setattr(runner, "default_out_root", lambda experiment, scale: tmp_path / "runs")
     out = run_experiment(load(name), "full", cluster="slurm", dry_run=True)
@@ -93,7 +93,7 @@ def test_launcher_rejects_unknown_arm_with_one_clear_error():
 
 
 def test_full_scale_dry_run_honours_out_root(tmp_path, monkeypatch):
-    import zeromismatch.expt.runner as runner
+    import zeromismatch.experiment.runner as runner
 
     monkeypatch.setattr(runner, "default_out_root", lambda experiment, scale: tmp_path / "root")
     experiment = load("reinforce_zero_lag64")
@@ -123,7 +123,7 @@ def test_full_scale_keeps_the_lag_of_non_headline_arms(tmp_path):
 def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting():
     import dataclasses
 
-    from zeromismatch.expt.runner import ARM_CHOICE_FIELDS, PUBLISHED_FIELDS, full_scale_configs
+    from zeromismatch.experiment.runner import ARM_CHOICE_FIELDS, PUBLISHED_FIELDS, full_scale_configs
     from zeromismatch.rl import RLConfig
 
     fields = {f.name for f in dataclasses.fields(RLConfig)}
@@ -145,7 +145,7 @@ def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting
 def test_full_scale_config_says_where_each_value_comes_from():
     """``source_of``: a reviewer must tell a published value from one we assumed or one the mini arm
     carries (found by review: fp32 dtypes and mini lags read as published)."""
-    from zeromismatch.expt.runner import full_scale_configs
+    from zeromismatch.experiment.runner import full_scale_configs
 
     for name in EXPERIMENTS:
         for arm, resolved in full_scale_configs(load(name)).items():
@@ -165,7 +165,7 @@ def test_full_scale_config_says_where_each_value_comes_from():
 def test_arms_of_another_published_run_resolve_to_that_run():
     # the lag-2/8 arms stand in for S3's math-reasoning runs, the lag-64 arms for the Qwen3-4B tool-use run
     # (every arm used to resolve to Qwen3-4B with Python tools)
-    from zeromismatch.expt.runner import full_scale_configs
+    from zeromismatch.experiment.runner import full_scale_configs
 
     experiment = load("reinforce_zero_lag64")
     resolved = full_scale_configs(experiment)
@@ -180,7 +180,7 @@ def test_arms_of_another_published_run_resolve_to_that_run():
 def test_full_scale_without_backend_refuses_to_submit_or_to_succeed(tmp_path, monkeypatch):
     import importlib
 
-    import zeromismatch.expt.runner as runner
+    import zeromismatch.experiment.runner as runner
 
     submit_module = importlib.import_module("zeromismatch.launch.submit")
     monkeypatch.setattr(runner, "FULL_SCALE_BACKEND", "zeromismatch.integrations.no_such_backend")
@@ -193,7 +193,7 @@ def test_full_scale_without_backend_refuses_to_submit_or_to_succeed(tmp_path, mo
 
 
 def test_run_full_arm_names_the_missing_entry_point(monkeypatch):
-    import zeromismatch.expt.runner as runner
+    import zeromismatch.experiment.runner as runner
 
     monkeypatch.setattr(runner, "FULL_SCALE_BACKEND", "zeromismatch.integrations")
     with pytest.raises(NotImplementedError, match="run_arm"):
@@ -213,7 +213,7 @@ def test_launcher_rejects_out_root_that_is_a_file(tmp_path):
 
 
 def test_a_seeded_arm_runs_once_per_seed_under_its_name():
-    from zeromismatch.expt import Arm
+    from zeromismatch.experiment import Arm
     from zeromismatch.rl import RLConfig
 
     runs = Arm("fast", RLConfig(seed=7), seeds=(0, 2)).runs()

@@ -11,7 +11,7 @@ import pytest
 from experiment_helpers import EXPERIMENTS, load
 
 import zeromismatch.launch  # noqa: F401  (loads the submodule the runner imports submit from)
-from zeromismatch.expt import runner
+from zeromismatch.experiment import runner
 from zeromismatch.rl.stacks import DTYPES, QUANTS
 
 

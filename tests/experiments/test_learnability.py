@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zeromismatch.audit.learnability import case_rows, learnability_lines
-from zeromismatch.expt.learnability import cases, run_suite, select, smoke_cases
+from zeromismatch.experiment.learnability import cases, run_suite, select, smoke_cases
 from zeromismatch.io import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[2]

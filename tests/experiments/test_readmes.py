@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from zeromismatch.expt import Arm, FullScale
+from zeromismatch.experiment import Arm, FullScale
 from zeromismatch.rl import RLConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_check_writes_nothing_and_the_default_writes_then_passes(tmp_path, capsy
 
 
 def test_a_seeded_arm_lists_its_seeds():
-    from zeromismatch.expt import Arm
+    from zeromismatch.experiment import Arm
     from zeromismatch.rl import RLConfig
 
     arms = [Arm("plain", RLConfig(seed=4), "one run"), Arm("fast", RLConfig(), "seeded", seeds=(0, 1, 2))]

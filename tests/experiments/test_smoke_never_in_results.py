@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from experiment_helpers import ROOT, load, make_checkout
 
-from zeromismatch.expt import runner
+from zeromismatch.experiment import runner
 
 
 def test_the_default_smoke_root_is_runs_smoke_of_the_configs_checkout():

@@ -108,7 +108,7 @@ def test_an_eval_size_the_split_cannot_fill_fails_before_the_warm_start(tmp_path
 def test_a_postprocess_tail_mean_over_an_infinite_step_is_nan():
     import math
 
-    from zeromismatch.expt.spec import tail_mean
+    from zeromismatch.experiment.spec import tail_mean
 
     records = [{"k3_kl": 1e-9} for _ in range(10)]
     assert tail_mean(records, "k3_kl") == 1e-9

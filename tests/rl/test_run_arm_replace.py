@@ -9,7 +9,7 @@ import os
 import pytest
 
 import zeromismatch.rl
-from zeromismatch.expt import runner
+from zeromismatch.experiment import runner
 
 
 class _Arm:

@@ -4,7 +4,7 @@ Reads ``results/reproduced/learnability/<case>/seed<k>/{summary,config}.json`` (
 ``scripts/learnability.py``) and renders one table row per case: the mean over seeds, every seed's
 value, and in how many seeds RL raised sampled pass@1. "Learns" is computed, never typed: the mean
 sampled pass@1 rose and it rose in a majority of seeds. Every (case, seed) of the suite
-(``zeromismatch.expt.learnability``: ``cases()`` x ``SEEDS``) that has no finished run is listed as
+(``zeromismatch.experiment.learnability``: ``cases()`` x ``SEEDS``) that has no finished run is listed as
 "not run" with the command that makes it, so a gap never disappears from the report; a file that is
 malformed (not an object, a key missing, a number that is not one) is an :class:`AuditInputError`
 naming it. Directories starting with ``.`` (runs in progress) are skipped.
@@ -57,7 +57,10 @@ def _run(summary_path: Path, config_path: Path) -> dict:
 
 def expected_runs() -> dict[str, tuple[int, ...]]:
     """The suite as defined in code: every case name with the seeds it runs on."""
-    from ..expt.learnability import SEEDS, cases  # imports the RL stack (torch); only the names are used
+    from ..experiment.learnability import (  # imports the RL stack (torch); only the names are used
+        SEEDS,
+        cases,
+    )
 
     return {case.name: tuple(SEEDS) for case in cases()}
 
@@ -186,7 +189,7 @@ HEADING = "## Learnability (mini, every env, several seeds)"
 
 def learnability_lines(root: Path, expected: dict[str, tuple[int, ...]] | None = None) -> list[str]:
     """The section's Markdown: one row per case with runs, then a "not run" line per gap in the suite.
-    ``expected`` (case -> seeds) defaults to the suite in :mod:`zeromismatch.expt.learnability`."""
+    ``expected`` (case -> seeds) defaults to the suite in :mod:`zeromismatch.experiment.learnability`."""
     expected = expected_runs() if expected is None else expected
     rows = case_rows(Path(root), expected)
     gaps = missing_runs(Path(root), expected)
