@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test lint reproduce figures bench vllm-peer clean
+.PHONY: venv test lint reproduce figures bench vllm-venv vllm-peer clean
 
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,9 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
+
+# the venv the vLLM plugin's tests run in (.venv-vllm/bin/python -m pytest -m vllm tests/vllm)
+vllm-venv: $(VLLM_VENV)/.installed
 
 vllm-peer: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python benchmarks/vllm_peer.py --out results/reproduced/benchmarks/vllm_peer.json
