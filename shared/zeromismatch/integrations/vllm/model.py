@@ -64,6 +64,14 @@ class _ZeroMismatchForCausalLM(nn.Module):
             raise ValueError(
                 f"{type(self).__name__} runs {self.family!r} checkpoints, got a {config.family!r} one"
             )
+        if getattr(vllm_config.model_config, "use_mla", False):
+            # vLLM would size an MLA latent cache (one KV head of kv_lora_rank + rope dims, block size
+            # 16, chunked prefill and prefix caching off on CPU); the project's DeepSeek layers cache
+            # the decompressed per-head K/V instead (models/mla.py), a plain attention cache
+            raise ValueError(
+                "the zeromismatch plugin's DeepSeek-V3 model caches per-head K/V, not MLA's latent: "
+                "start vLLM with VLLM_MLA_DISABLE=1 in the environment"
+            )
         if vllm_config.parallel_config.tensor_parallel_size != 1:
             raise NotImplementedError("the zeromismatch vLLM plugin runs at tensor-parallel size 1")
         kernels = get_kernels(KERNELS)
