@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test lint reproduce figures bench vllm-venv vllm-peer clean
+.PHONY: venv test lint reproduce figures bench vllm-venv vllm-test vllm-peer clean
 
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,8 +66,11 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet -c constraints.txt pytest pytest-timeout hypothesis
 	touch $@
 
-# the venv the vLLM plugin's tests run in (.venv-vllm/bin/python -m pytest -m vllm tests/vllm)
+# the venv the vLLM plugin's tests run in; vllm-test runs them (one vLLM engine at a time, ~5 min)
 vllm-venv: $(VLLM_VENV)/.installed
+
+vllm-test: $(VLLM_VENV)/.installed
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm_plugin
 
 vllm-peer: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python benchmarks/vllm_peer.py --out results/reproduced/benchmarks/vllm_peer.json

@@ -6,8 +6,9 @@ longer prompts are chunk-prefilled alongside other requests' decodes. Every samp
 must be bitwise (``torch.equal``) the trainer's recompute (``train.logprobs.compute_logprobs``) on
 the same weights. The inverse: stock vLLM's ``Qwen3ForCausalLM`` on the same weights is not.
 
-Run with ``.venv-vllm/bin/python -m pytest tests/vllm -m vllm``. Each configuration starts one
-vLLM engine (~25 s on 2 cores), shared by the tests of that configuration (module-scoped).
+Run with ``make vllm-test`` (``.venv-vllm/bin/python -m pytest -m vllm tests/vllm_plugin``). Each
+configuration starts one vLLM engine (~30-60 s on 2 cores), shared by its tests (module-scoped).
+(The directory is not named ``vllm``: with rootdir-relative imports it would shadow the package.)
 """
 
 from __future__ import annotations
