@@ -33,6 +33,14 @@ PROMPT_LENGTHS = (5, 23, 40, 9)
 MAX_TOKENS = 12
 CHUNK_BUDGET = 16  # max_num_batched_tokens: the 23- and 40-token prompts take several steps
 SAMPLING = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
+GREEDY = 3  # this request samples at temperature 0 (vLLM's greedy rows share the batch)
+AGAIN = 2  # this prompt (40 tokens) is generated again alone: its first block is a prefix-cache hit
+
+
+def _sampling(i: int) -> dict:
+    return {"temperature": 0.0} if i == GREEDY else SAMPLING
+
+
 SEED = 1234
 
 
@@ -47,7 +55,9 @@ class Run:
     prompts: list[list[int]]
     responses: list[list[int]]
     logprobs: list[torch.Tensor]
-    alone: tuple[list[int], torch.Tensor]  # prompt 1 generated again on its own, same seed
+    mode: str  # the project's logprobs_mode the engine ran ("processed" or "raw")
+    alone: tuple[list[int], torch.Tensor]  # prompt AGAIN generated again on its own, same seed
+    alone_cached_tokens: int  # of its prompt, served from vLLM's prefix cache
 
 
 def _outputs(outs) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -61,7 +71,9 @@ def _outputs(outs) -> tuple[list[list[int]], list[torch.Tensor]]:
     return responses, logprobs
 
 
-def _serve(tmp_path_factory, preset: str, dtype: torch.dtype, stock: bool, budget: int) -> Run:
+def _serve(
+    tmp_path_factory, preset: str, dtype: torch.dtype, stock: bool, budget: int, mode: str = "processed"
+) -> Run:
     from vllm import LLM
     from vllm import SamplingParams as VllmSamplingParams
 
@@ -73,43 +85,49 @@ def _serve(tmp_path_factory, preset: str, dtype: torch.dtype, stock: bool, budge
     mla_env = os.environ.get("VLLM_MLA_DISABLE")
     if model.config.family == "deepseek_v3" and not stock:
         os.environ["VLLM_MLA_DISABLE"] = "1"
-    llm = LLM(
-        model=str(checkpoint),
-        skip_tokenizer_init=True,
-        dtype=dtype,
-        enforce_eager=True,
-        max_model_len=128,
-        max_num_batched_tokens=budget,
-        max_num_seqs=8,
-        block_size=32,
-        kv_cache_memory_bytes=64 * 2**20,
-        logprobs_mode="processed_logprobs",
-        seed=0,
-    )
-    if mla_env is None:
-        os.environ.pop("VLLM_MLA_DISABLE", None)
-    else:
-        os.environ["VLLM_MLA_DISABLE"] = mla_env
+    try:
+        llm = LLM(
+            model=str(checkpoint),
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            enforce_eager=True,
+            max_model_len=128,
+            max_num_batched_tokens=budget,
+            max_num_seqs=8,
+            block_size=32,
+            kv_cache_memory_bytes=64 * 2**20,
+            logprobs_mode=f"{mode}_logprobs",
+            seed=0,
+        )
+    finally:
+        if mla_env is None:
+            os.environ.pop("VLLM_MLA_DISABLE", None)
+        else:
+            os.environ["VLLM_MLA_DISABLE"] = mla_env
 
     def params(i: int):
         return VllmSamplingParams(
-            **SAMPLING, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0, seed=SEED + i, detokenize=False
-        )
+            **_sampling(i), max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0, seed=SEED + i,
+            detokenize=False,
+        )  # fmt: skip
 
     try:
         batch = [{"prompt_token_ids": p} for p in prompts]
         outs = llm.generate(batch, [params(i) for i in range(len(prompts))], use_tqdm=False)
         responses, logprobs = _outputs(outs)
-        alone = _outputs(llm.generate([{"prompt_token_ids": prompts[1]}], [params(1)], use_tqdm=False))
+        again = [{"prompt_token_ids": prompts[AGAIN]}]
+        again_out = llm.generate(again, [params(AGAIN)], use_tqdm=False)
+        alone = _outputs(again_out)
+        cached = again_out[0].num_cached_tokens
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
-    return Run(model, prompts, responses, logprobs, (alone[0][0], alone[1][0]))
+    return Run(model, prompts, responses, logprobs, mode, (alone[0][0], alone[1][0]), cached)
 
 
 def _recompute(run: Run) -> list[torch.Tensor]:
-    params = SamplingParams(**SAMPLING, logprobs_mode="processed")
+    params = [SamplingParams(**_sampling(i), logprobs_mode=run.mode) for i in range(len(run.prompts))]
     return compute_logprobs(run.model, run.prompts, run.responses, params)
 
 
@@ -117,24 +135,24 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b))
 
 
-#: (preset, dtype) of each plugin configuration: the dense family in both dtypes, MoE, and
-#: DeepSeek-V3 (MLA attention, sigmoid-routed MoE)
+#: (preset, dtype, logprobs mode) of each plugin configuration: the dense family in both dtypes, MoE
+#: (with vLLM's default raw logprobs), and DeepSeek-V3 (MLA attention, sigmoid-routed MoE)
 PLUGIN_CONFIGS = [
-    ("tiny-qwen3", torch.float32),
-    ("tiny-qwen3", torch.bfloat16),
-    ("tiny-qwen3-moe", torch.float32),
-    ("tiny-deepseek-v3", torch.bfloat16),
+    ("tiny-qwen3", torch.float32, "processed"),
+    ("tiny-qwen3", torch.bfloat16, "processed"),
+    ("tiny-qwen3-moe", torch.float32, "raw"),
+    ("tiny-deepseek-v3", torch.bfloat16, "processed"),
 ]
 
 
 @pytest.fixture(
     scope="module",
     params=PLUGIN_CONFIGS,
-    ids=[f"{preset}-{str(dtype).removeprefix('torch.')}" for preset, dtype in PLUGIN_CONFIGS],
+    ids=[f"{p}-{str(d).removeprefix('torch.')}-{m}" for p, d, m in PLUGIN_CONFIGS],
 )
 def plugin_run(request, tmp_path_factory) -> Run:
-    preset, dtype = request.param
-    return _serve(tmp_path_factory, preset, dtype, stock=False, budget=CHUNK_BUDGET)
+    preset, dtype, mode = request.param
+    return _serve(tmp_path_factory, preset, dtype, stock=False, budget=CHUNK_BUDGET, mode=mode)
 
 
 def test_plugin_logprobs_equal_trainer_recompute(plugin_run):
@@ -147,10 +165,12 @@ def test_plugin_logprobs_equal_trainer_recompute(plugin_run):
 
 
 def test_plugin_seeded_draws_do_not_depend_on_the_batch(plugin_run):
-    """Prompt 1 alone (no chunking partner, other steps) draws what it drew in the batch."""
+    """Prompt AGAIN alone (other steps, no chunking partner, its first block served from vLLM's
+    prefix cache) draws what it drew in the batch."""
     tokens, logprobs = plugin_run.alone
-    assert tokens == plugin_run.responses[1]
-    assert torch.equal(logprobs, plugin_run.logprobs[1])
+    assert plugin_run.alone_cached_tokens == 32  # (block size 32: the 40-token prompt's full block)
+    assert tokens == plugin_run.responses[AGAIN]
+    assert torch.equal(logprobs, plugin_run.logprobs[AGAIN])
 
 
 @pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

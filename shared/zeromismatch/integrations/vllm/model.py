@@ -72,6 +72,9 @@ class _ZeroMismatchForCausalLM(nn.Module):
                 "the zeromismatch plugin's DeepSeek-V3 model caches per-head K/V, not MLA's latent: "
                 "start vLLM with VLLM_MLA_DISABLE=1 in the environment"
             )
+        if vllm_config.cache_config.cache_dtype != "auto":
+            # the project's attention writes activation-dtype K/V into the views of the cache
+            raise NotImplementedError("the zeromismatch vLLM plugin runs kv_cache_dtype='auto' only")
         if vllm_config.parallel_config.tensor_parallel_size != 1:
             raise NotImplementedError("the zeromismatch vLLM plugin runs at tensor-parallel size 1")
         kernels = get_kernels(KERNELS)
