@@ -24,8 +24,11 @@ is not its last): ``gen.set_offset(gen.get_offset() - 4)`` in ``_bookkeeping_syn
 seeded, chunk-prefilled request. This sampler never advances a generator, so there is nothing to
 rewind: the stand-in's offset is always 0.
 
+Prompt logprobs (``prompt_logprobs=n``) go through ``Sampler.compute_logprobs``, patched to the
+KernelSet's ``log_softmax`` (the trainer's raw logprob of a prompt token).
+
 Supported sampling parameters: temperature (0 = greedy), top_k, top_p, seed, logprobs (sampled
-token and top-n); ``logprobs_mode`` "processed_logprobs" (what an RL objective needs) or
+token and top-n), prompt_logprobs; ``logprobs_mode`` "processed_logprobs" (what an RL objective needs) or
 "raw_logprobs" (vLLM's default). Penalties, bad words and allowed-token masks raise; vLLM's
 min-p / logit-bias / min-tokens logits processors are not applied.
 
@@ -88,6 +91,22 @@ def install(kernels) -> None:
 
     forward._zeromismatch = True
     Sampler.forward = forward
+
+    # prompt logprobs: the model runner scores prompt tokens with these two static methods directly
+    stock_compute, stock_gather = Sampler.compute_logprobs, Sampler.gather_logprobs
+
+    def compute_logprobs(logits):
+        if STATE.engine_sampler is None:
+            return stock_compute(logits)
+        return STATE.engine_sampler.kernels.log_softmax(logits.to(torch.float32))
+
+    def gather_logprobs(logprobs, num_logprobs, token_ids):
+        if STATE.engine_sampler is None:
+            return stock_gather(logprobs, num_logprobs, token_ids)
+        return _gather_logprobs(logprobs, num_logprobs, token_ids)
+
+    Sampler.compute_logprobs = staticmethod(compute_logprobs)
+    Sampler.gather_logprobs = staticmethod(gather_logprobs)
 
 
 def _reject_unsupported(md) -> None:
