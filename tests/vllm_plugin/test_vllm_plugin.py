@@ -35,6 +35,7 @@ CHUNK_BUDGET = 16  # max_num_batched_tokens: the 23- and 40-token prompts take s
 SAMPLING = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
 GREEDY = 3  # this request samples at temperature 0 (vLLM's greedy rows share the batch)
 AGAIN = 2  # this prompt (40 tokens) is generated again alone: its first block is a prefix-cache hit
+PROMPT_LOGPROBS = (0, 1)  # these requests also ask for their prompt tokens' logprobs
 
 
 def _sampling(i: int) -> dict:
@@ -58,6 +59,7 @@ class Run:
     mode: str  # the project's logprobs_mode the engine ran ("processed" or "raw")
     alone: tuple[list[int], torch.Tensor]  # prompt AGAIN generated again on its own, same seed
     alone_cached_tokens: int  # of its prompt, served from vLLM's prefix cache
+    prompt_logprobs: dict[int, torch.Tensor]  # request -> logprob of prompt tokens 1..n-1
 
 
 def _outputs(outs) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -69,6 +71,12 @@ def _outputs(outs) -> tuple[list[list[int]], list[torch.Tensor]]:
         values = [step[t].logprob for step, t in zip(completion.logprobs, tokens)]
         logprobs.append(torch.tensor(values, dtype=torch.float32))
     return responses, logprobs
+
+
+def _prompt_logprobs(out, prompt: list[int]) -> torch.Tensor:
+    assert out.prompt_logprobs[0] is None  # (the first prompt token has no logprob)
+    steps = out.prompt_logprobs[1:]
+    return torch.tensor([step[t].logprob for step, t in zip(steps, prompt[1:])], dtype=torch.float32)
 
 
 def _serve(
@@ -108,13 +116,14 @@ def _serve(
     def params(i: int):
         return VllmSamplingParams(
             **_sampling(i), max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0, seed=SEED + i,
-            detokenize=False,
+            prompt_logprobs=0 if i in PROMPT_LOGPROBS else None, detokenize=False,
         )  # fmt: skip
 
     try:
         batch = [{"prompt_token_ids": p} for p in prompts]
         outs = llm.generate(batch, [params(i) for i in range(len(prompts))], use_tqdm=False)
         responses, logprobs = _outputs(outs)
+        prompt_logprobs = {i: _prompt_logprobs(outs[i], prompts[i]) for i in PROMPT_LOGPROBS}
         again = [{"prompt_token_ids": prompts[AGAIN]}]
         again_out = llm.generate(again, [params(AGAIN)], use_tqdm=False)
         alone = _outputs(again_out)
@@ -123,7 +132,7 @@ def _serve(
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
-    return Run(model, prompts, responses, logprobs, mode, (alone[0][0], alone[1][0]), cached)
+    return Run(model, prompts, responses, logprobs, mode, (alone[0][0], alone[1][0]), cached, prompt_logprobs)
 
 
 def _recompute(run: Run) -> list[torch.Tensor]:
@@ -162,6 +171,16 @@ def test_plugin_logprobs_equal_trainer_recompute(plugin_run):
     recomputed = _recompute(run)
     for served, trained in zip(run.logprobs, recomputed):
         assert torch.equal(served, trained), _max_diff(run.logprobs, recomputed)
+
+
+def test_plugin_prompt_logprobs_equal_trainer_recompute(plugin_run):
+    """vLLM's prompt logprobs (chunked prefill: request 1's prompt spans two steps) are the trainer's
+    raw logprobs of the prompt tokens."""
+    run = plugin_run
+    for i, served in run.prompt_logprobs.items():
+        prompt = run.prompts[i]
+        (trained,) = compute_logprobs(run.model, [prompt[:1]], [prompt[1:]], logprobs_mode="raw")
+        assert torch.equal(served, trained), float((served - trained).abs().max())
 
 
 def test_plugin_seeded_draws_do_not_depend_on_the_batch(plugin_run):
