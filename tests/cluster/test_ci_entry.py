@@ -1,6 +1,7 @@
 """`make test` (README's test command, which .ci/run runs verbatim): pytest collecting no tests
 (its exit 5) is named by the recipe, because make turns every failing recipe into exit 2 and a caller
-of make can no longer tell. The recipe is run with stand-in ruff and pytest; nothing is installed."""
+of make can no longer tell. The recipe is run with stand-in ruff, pytest and vLLM-venv python;
+nothing is installed."""
 
 from __future__ import annotations
 
@@ -30,13 +31,24 @@ def _fake_venv(tmp_path: Path, pytest_rc: int) -> Path:
     return venv
 
 
+def _fake_vllm_venv(tmp_path: Path) -> Path:
+    """The vLLM venv `make test` runs the plugin's tests in: a python that exits 0, and its stamp."""
+    venv = tmp_path / "venv-vllm"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\nexit 0\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    (venv / ".installed").touch()  # newer than pyproject.toml: nothing is installed
+    return venv
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 @pytest.mark.parametrize("pytest_rc, named", [(5, True), (1, False), (0, False)])
 def test_make_test_names_pytest_collecting_nothing(tmp_path, pytest_rc, named):
-    venv = _fake_venv(tmp_path, pytest_rc)
+    venv, vllm_venv = _fake_venv(tmp_path, pytest_rc), _fake_vllm_venv(tmp_path)
     out = subprocess.run(
-        ["make", "-s", "test", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "MAKEFLAGS": ""},
+        ["make", "-s", "test", f"VENV={venv}", f"VLLM_VENV={vllm_venv}"], cwd=ROOT, capture_output=True,
+        text=True, timeout=60, env={**os.environ, "MAKEFLAGS": ""},
     )  # fmt: skip
     assert (out.returncode == 0) == (pytest_rc == 0), out.stderr
     assert ("pytest collected no tests" in out.stderr) == named, out.stderr
