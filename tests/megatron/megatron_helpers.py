@@ -50,13 +50,15 @@ def loss_of(model, seqs: list[torch.Tensor]) -> torch.Tensor:
 
 def hf_grads(model) -> dict[str, torch.Tensor]:
     """A ``MegatronCausalLM``'s parameter gradients as full HF-named tensors (gathered over TP)."""
+    from zeromismatch.integrations.megatron.weights import REPLICATED_KINDS
+
     params = dict(model.gpt.named_parameters())
     out = {}
     for m in model.maps:
         if m.megatron not in params:
             continue  # a buffer (a sigmoid router's e_score_correction_bias): no gradient
         grad = params[m.megatron].grad
-        per_rank = [grad] if m.kind in ("replicated", "experts") else model._gather(grad)
+        per_rank = [grad] if m.kind in REPLICATED_KINDS else model._gather(grad)
         out.update(zip(m.hf, (t.clone() for t in m.to_hf(per_rank))))
     return out
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 
 import torch
 from torch import nn
@@ -217,26 +218,27 @@ class MegatronCausalLM(nn.Module):
         no clipping), as ``torch.nn.utils.clip_grad_norm_`` scales them. Over the TP group a sharded
         parameter's squares are summed across ranks and a replicated one's counted once (every rank
         holds the same gradient), so each rank gets the norm TP 1 would, up to fp32 rounding of the
-        gradients themselves (tests/megatron/test_megatron_tp.py)."""
-        import math
-
+        gradients themselves (tests/megatron/test_megatron_tp_training.py)."""
         from .weights import REPLICATED_KINDS
 
-        params = dict(self.gpt.named_parameters())
-        kinds = {m.megatron: m.kind for m in self.maps}
-        squares = {True: torch.zeros((), dtype=torch.float64), False: torch.zeros((), dtype=torch.float64)}
+        replicated = {m.megatron for m in self.maps if m.kind in REPLICATED_KINDS}
+        sharded_sq = torch.zeros((), dtype=torch.float64)
+        replicated_sq = torch.zeros((), dtype=torch.float64)
         present = []
-        for name, param in params.items():
+        for name, param in self.gpt.named_parameters():
             if param.grad is None:
                 continue
             present.append(param)
-            squares[kinds[name] in REPLICATED_KINDS] += param.grad.detach().double().pow(2).sum()
-        sharded = squares[False]
+            square = param.grad.detach().double().pow(2).sum()
+            if name in replicated:
+                replicated_sq += square
+            else:
+                sharded_sq += square
         if self.tp_size > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(sharded, group=self.tp_group)
-        norm = math.sqrt(float(sharded + squares[True]))
+            dist.all_reduce(sharded_sq, group=self.tp_group)
+        norm = math.sqrt(float(sharded_sq + replicated_sq))
         if max_norm > 0 and math.isfinite(norm):
             coefficient = max_norm / (norm + 1e-6)
             if coefficient < 1.0:
