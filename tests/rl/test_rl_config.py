@@ -68,3 +68,32 @@ def test_one_response_per_prompt_is_refused_for_every_group_baseline(algo):
     # tis and ppo_clip take group baselines too: at group_size 1 every advantage was 0 and nothing learned
     with pytest.raises(ValueError, match="RLConfig.group_size"):
         RLConfig(algo=algo, group_size=1)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"rollout_engine": "sglang"}, "rollout_engine"),
+        ({"model": "tiny-nemotron-h"}, "model"),  # no plugin model for the hybrid (Mamba2 state)
+        ({"rollout_kernels": "default"}, "rollout_kernels"),
+        ({"kernels": "default"}, "kernels"),
+        ({"kv_cache_dtype": "fp8_e4m3", "rollout_dtype": "bfloat16"}, "kv_cache_dtype"),
+        ({"rollout_lm_head": "activation", "rollout_dtype": "bfloat16"}, "rollout_lm_head"),
+        ({"rollout_quant": "fp8"}, "rollout_quant"),
+        ({"lag": 2, "inflight_update_at_token": 3}, "inflight_update_at_token"),
+        ({"executor": "ray"}, "executor"),
+    ],
+)
+def test_vllm_rollout_refuses_what_the_plugin_cannot_serve(changes, field):
+    """Checked when the config is made (no vLLM is imported), naming the field; the plugin serves the
+    aligned kernels, unquantized weights, an activation-dtype KV cache, an fp32 head, updates between
+    batches (integrations/vllm/engine.py)."""
+    changes = {"rollout_engine": "vllm", **changes}
+    with pytest.raises(ValueError, match=f"RLConfig.{field}"):
+        RLConfig(**changes)
+
+
+def test_vllm_rollout_accepts_the_aligned_stack_of_every_plugin_family():
+    for model in ("tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3"):
+        for dtype in ("float32", "bfloat16"):
+            assert RLConfig(rollout_engine="vllm", model=model, dtype=dtype).rollout_engine == "vllm"

@@ -7,7 +7,9 @@ Writes metrics.jsonl (one record per step), summary.json, provenance.json and co
 ``--resume`` continues from the last checkpoint bit for bit. Numerics per side: ``--stack`` (e.g.
 ``fast-fp8``: a bf16 FP8 rollout with an FP8 KV cache and a bf16 head against the fp32 learner) or the
 flags of ``commands/numerics.py``. ``--trainer megatron`` runs the learner's recompute, loss and optimizer
-step on a Megatron-core model over the same kernels (``zeromismatch.integrations.megatron``).
+step on a Megatron-core model over the same kernels (``zeromismatch.integrations.megatron``);
+``--rollout-engine vllm`` samples the episodes with a real vLLM serving the plugin
+(``zeromismatch.integrations.vllm``, from ``.venv-vllm``).
 
 A run's own failures (a bad flag or config, a corrupt or incomplete checkpoint, an unwritable --out,
 a full disk, --out in use by another run) are one line on stderr naming the file or flag, exit 2;
@@ -21,7 +23,7 @@ import sys
 
 
 def register(sub) -> None:
-    from ..rl.config import ALGOS, EXECUTORS, TRAINERS, UPDATE_MODES
+    from ..rl.config import ALGOS, EXECUTORS, ROLLOUT_ENGINES, TRAINERS, UPDATE_MODES
     from .numerics import add_numerics_arguments
 
     p = sub.add_parser("train", help="run REINFORCE Zero / GRPO / GSPO / PPO-clip / TIS on a verifiable env")
@@ -36,6 +38,9 @@ def register(sub) -> None:
     p.add_argument("--trainer", default="zeromismatch", choices=TRAINERS,
                    help="the learner's model code: the project's models, or megatron-core on the same "
                         "kernels (extra 'megatron')")  # fmt: skip
+    p.add_argument("--rollout-engine", default="zeromismatch", choices=ROLLOUT_ENGINES,
+                   help="the engine that samples episodes: the project's own, or a real vLLM serving the "
+                        "project's models through the plugin (from .venv-vllm: make vllm-venv)")  # fmt: skip
     p.add_argument("--lag", type=int, default=0, help="maximum policy lag k (0 = synchronous), up to 64")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -75,6 +80,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..integrations.megatron import MegatronUnavailableError
+    from ..integrations.vllm import VllmUnavailableError
     from ..io import check_directory_path
     from ..rl import RLConfig, train
     from ..train.checkpoint import CheckpointError
@@ -84,7 +90,8 @@ def run(args) -> int:
         check_directory_path(args.out, "--out")  # before any work, not when the run first writes
         numerics = resolve_numerics(args, args.kernels, args.rollout_kernels)
         config = RLConfig(
-            env=args.env, model=args.model, algo=args.algo, **numerics, trainer=args.trainer, lag=args.lag,
+            env=args.env, model=args.model, algo=args.algo, **numerics, trainer=args.trainer,
+            rollout_engine=args.rollout_engine, lag=args.lag,
             steps=args.steps,
             seed=args.seed,
             prompts_per_step=args.prompts_per_step, group_size=args.group_size,
@@ -97,7 +104,8 @@ def run(args) -> int:
         )  # fmt: skip
         summary = train(config, args.out, resume=args.resume, quiet=args.quiet)
     # FileExistsError (--out holds a run) is an OSError; CheckpointError a RuntimeError
-    except (CheckpointError, OSError, ValueError, NotImplementedError, MegatronUnavailableError) as err:
+    except (CheckpointError, OSError, ValueError, NotImplementedError, MegatronUnavailableError,
+            VllmUnavailableError) as err:  # fmt: skip
         print(f"zm train: {_one_line(err, args.out)}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2, sort_keys=True))

@@ -186,34 +186,6 @@ class LLM:
         self.num_generated_tokens = 0
 
     # ---- requests ----------------------------------------------------------
-    def _validate_prompt(self, prompt_token_ids) -> list[int]:
-        numpy = sys.modules.get("numpy")  # only an imported numpy can have made the prompt
-        if isinstance(prompt_token_ids, torch.Tensor) or (
-            numpy is not None and isinstance(prompt_token_ids, numpy.ndarray)
-        ):
-            prompt_token_ids = prompt_token_ids.tolist()
-        if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
-            raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt_token_ids).__name__}")
-        tokens = list(prompt_token_ids)
-        if not tokens:
-            raise ValueError("prompt is empty: a request needs at least one prompt token")
-        for i, token in enumerate(tokens):
-            if type(token) is not int:
-                # numpy integers (np.int64 read from an array) are token ids too, stored as Python
-                # ints; a bool is not (True would silently be token 1)
-                if isinstance(token, bool) or not isinstance(token, numbers.Integral):
-                    raise TypeError(f"prompt token ids must be ints, got {token!r}")
-                tokens[i] = int(token)
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        if len(tokens) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(tokens)} tokens; the model's maximum context is {self.max_model_len} "
-                "and at least one token must be generated"
-            )
-        return tokens
-
     def add_request(
         self, prompt_token_ids, params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
@@ -221,10 +193,8 @@ class LLM:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        tokens = self._validate_prompt(prompt_token_ids)
-        bad_stops = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if bad_stops:
-            raise ValueError(f"stop_token_ids outside the vocabulary [0, {self.vocab_size}): {bad_stops}")
+        tokens = validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
+        check_stop_tokens(params, self.vocab_size)
         total = min(len(tokens) + params.max_tokens, self.max_model_len)
         if -(-total // self.block_manager.block_size) > self.block_manager.num_blocks:
             raise ValueError(f"request needs {total} tokens of KV cache; the cache holds fewer")
@@ -352,7 +322,7 @@ class LLM:
         while any(r is not None and not r.finished for r in requests):
             self._step(collect=False, owned=owned)
         return [
-            _error_output(f"error-{i}", prompts[i], params[i], errors[i]) if r is None else r.to_output()
+            error_output(f"error-{i}", prompts[i], params[i], errors[i]) if r is None else r.to_output()
             for i, r in enumerate(requests)
         ]
 
@@ -391,6 +361,43 @@ class LLM:
         return self.block_manager.hits
 
 
+
+def validate_prompt(prompt_token_ids, vocab_size: int, max_model_len: int) -> list[int]:
+    """The prompt as a list of Python ints, or one ValueError/TypeError saying what is wrong with it
+    (the engine's rules, shared by every engine that serves the project's models)."""
+    numpy = sys.modules.get("numpy")  # only an imported numpy can have made the prompt
+    if isinstance(prompt_token_ids, torch.Tensor) or (
+        numpy is not None and isinstance(prompt_token_ids, numpy.ndarray)
+    ):
+        prompt_token_ids = prompt_token_ids.tolist()
+    if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
+        raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt_token_ids).__name__}")
+    tokens = list(prompt_token_ids)
+    if not tokens:
+        raise ValueError("prompt is empty: a request needs at least one prompt token")
+    for i, token in enumerate(tokens):
+        if type(token) is not int:
+            # numpy integers (np.int64 read from an array) are token ids too, stored as Python
+            # ints; a bool is not (True would silently be token 1)
+            if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+                raise TypeError(f"prompt token ids must be ints, got {token!r}")
+            tokens[i] = int(token)
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    if len(tokens) >= max_model_len:
+        raise ValueError(
+            f"prompt has {len(tokens)} tokens; the model's maximum context is {max_model_len} "
+            "and at least one token must be generated"
+        )
+    return tokens
+
+
+def check_stop_tokens(params: SamplingParams, vocab_size: int) -> None:
+    bad_stops = [t for t in params.stop_token_ids if t >= vocab_size]
+    if bad_stops:
+        raise ValueError(f"stop_token_ids outside the vocabulary [0, {vocab_size}): {bad_stops}")
+
 def check_engine_sizes(**sizes) -> None:
     """ValueError/TypeError naming the argument when one of the engine's sizes is not an int >= 1
     (``num_blocks``, ``max_model_len`` and ``prefill_chunk`` may also be None: derived / no limit)."""
@@ -419,7 +426,7 @@ def _activation_dtype(model, kv_cache_dtype: str) -> torch.dtype | None:
     return dtype
 
 
-def _error_output(request_id: str, prompt, params, message: str) -> RequestOutput:
+def error_output(request_id: str, prompt, params, message: str) -> RequestOutput:
     try:
         prompt_ids = list(prompt)
     except TypeError:

@@ -29,6 +29,9 @@ EXECUTORS = ("inprocess", "ray")
 #: the learner's implementation: the project's own models, or Megatron-core on the same kernels
 #: (zeromismatch.integrations.megatron, the ``megatron`` extra)
 TRAINERS = ("zeromismatch", "megatron")
+#: the rollout engine: the project's own, or a real vLLM serving the project's models through the
+#: plugin (zeromismatch.integrations.vllm; run from .venv-vllm, ``make vllm-venv``)
+ROLLOUT_ENGINES = ("zeromismatch", "vllm")
 UPDATE_MODES = ("keep", "wait", "abort")
 #: config.json keys of earlier versions -> today's field
 RENAMED_FIELDS = {"lm_head_precision": "rollout_lm_head"}
@@ -42,6 +45,7 @@ class RLConfig:
     algo: str = "reinforce_zero"
     kernels: str = "aligned"  # the learner's kernel set
     trainer: str = "zeromismatch"  # the learner's model code: one of TRAINERS
+    rollout_engine: str = "zeromismatch"  # the engine that samples episodes: one of ROLLOUT_ENGINES
     rollout_kernels: str | None = None  # the engine's; None = same as the learner (aligned stack)
     dtype: str = "float32"  # the learner's master weights and activations; the engine's unless rollout_dtype
     quant: str = "none"  # both sides' weight format (the learner fake-quantizes its masters)
@@ -113,6 +117,8 @@ class RLConfig:
             raise bad("executor", f"must be one of {EXECUTORS}")
         if self.trainer not in TRAINERS:
             raise bad("trainer", f"must be one of {TRAINERS}")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise bad("rollout_engine", f"must be one of {ROLLOUT_ENGINES}")
         from .warm_start import WARM_START_MODES
 
         if self.warm_start not in WARM_START_MODES:
@@ -177,6 +183,10 @@ class RLConfig:
         self._validate_sampling()
         if self.trainer == "megatron":
             self._validate_megatron()
+        if self.rollout_engine == "vllm":
+            for name, why in self._vllm_rollout_problems():
+                got = getattr(self, name)
+                raise ValueError(f"RLConfig.{name}: {why} (got {got!r} with rollout_engine='vllm')")
         accepted = set(inspect.signature(LOSSES[self.algo]).parameters) - {"batch"}
         unknown = sorted(set(self.algo_options) - accepted)
         if unknown:
@@ -200,6 +210,34 @@ class RLConfig:
             raise ValueError(
                 f"RLConfig.temperature: RL samples at temperature > 0 (got {self.temperature!r})"
             )
+
+    def _vllm_rollout_problems(self) -> list[tuple[str, str]]:
+        """What the vLLM rollout engine (integrations/vllm/engine.py) cannot serve, refused now (this
+        imports no vLLM)."""
+        from ..integrations.vllm import FAMILY_TO_ARCHITECTURE
+        from ..models.presets import PRESETS
+
+        problems = []
+        family = PRESETS.get(self.model, {}).get("model_type")
+        if family not in FAMILY_TO_ARCHITECTURE:
+            families = ", ".join(sorted(FAMILY_TO_ARCHITECTURE))
+            problems.append(("model", f"the vLLM plugin serves the {families} families (a hybrid's "
+                                      "Mamba2 state needs vLLM's Mamba cache: docs/vllm.md)"))  # fmt: skip
+        if self.engine_kernels != "aligned":
+            problems.append(("rollout_kernels" if self.rollout_kernels else "kernels",
+                             "the vLLM plugin runs the aligned kernels"))  # fmt: skip
+        for name, served in (("kv_cache_dtype", "auto"), ("rollout_lm_head", "fp32")):
+            if getattr(self, name) != served:
+                problems.append((name, f"the vLLM plugin runs {name}={served!r} only"))
+        if self.engine_quant != "none":
+            problems.append(("rollout_quant" if self.rollout_quant else "quant",
+                             "the vLLM plugin serves unquantized weights"))  # fmt: skip
+        if self.inflight_update_at_token:
+            problems.append(("inflight_update_at_token", "the vLLM engine swaps weights between "
+                             "batches only (its generate runs every request to the end)"))  # fmt: skip
+        if self.executor != "inprocess":
+            problems.append(("executor", "the vLLM engine runs in the in-process executor"))
+        return problems
 
     def _validate_megatron(self) -> None:
         """What the Megatron learner cannot run, refused now (its module imports no megatron-core)."""

@@ -59,23 +59,34 @@ class RolloutWorker:
     """Owns the rollout engine and the weight version it serves."""
 
     def __init__(self, config: RLConfig):
-        from ..engine import LLM
-
         self.config = config
         model = build_policy(config, "rollout")
-        self.engine = LLM(
-            model,
-            kernels=config.engine_kernels,
-            kv_cache_dtype=config.kv_cache_dtype,
-            max_num_seqs=max(8, config.prompts_per_step * config.group_size),
-            max_num_batched_tokens=2048,
-            # True: on where the policy supports it (a hybrid's Mamba2 state does not), without the
-            # engine's warning for an explicit request: every config carries the field's default
-            enable_prefix_caching=None if config.enable_prefix_caching else False,
-            prefix_cache_versioned=config.prefix_cache_versioned,
-            block_size=config.kv_block_size,
-            lm_head_precision=config.rollout_lm_head,
-        )
+        max_num_seqs = max(8, config.prompts_per_step * config.group_size)
+        if config.rollout_engine == "vllm":
+            from ..integrations.vllm.engine import VllmEngine
+
+            self.engine = VllmEngine(
+                model, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
+                enable_prefix_caching=config.enable_prefix_caching,
+                prefix_cache_versioned=config.prefix_cache_versioned, block_size=config.kv_block_size,
+                logprobs_mode=config.logprobs_mode, seed=config.seed,
+            )  # fmt: skip
+        else:
+            from ..engine import LLM
+
+            self.engine = LLM(
+                model,
+                kernels=config.engine_kernels,
+                kv_cache_dtype=config.kv_cache_dtype,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=2048,
+                # True: on where the policy supports it (a hybrid's Mamba2 state does not), without the
+                # engine's warning for an explicit request: every config carries the field's default
+                enable_prefix_caching=None if config.enable_prefix_caching else False,
+                prefix_cache_versioned=config.prefix_cache_versioned,
+                block_size=config.kv_block_size,
+                lm_head_precision=config.rollout_lm_head,
+            )
         # -1: the engine holds the seed init, not yet any learner version (SFT may have moved version 0)
         self.version = -1
         self._engine_to_learner: dict[int, int] = {}
@@ -88,8 +99,15 @@ class RolloutWorker:
         self._engine_to_learner[self.engine.weight_version] = version
         self.version = version
 
+    def close(self) -> None:
+        """Stop the engine's processes (the vLLM engine's; the project engine has none)."""
+        if hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+
     def cache_stats(self) -> dict[str, int]:
         """The engine's prefix-cache counters, as both executors put them in the run summary."""
+        if hasattr(self.engine, "cache_stats"):  # (the vLLM engine counts what vLLM reports)
+            return self.engine.cache_stats()
         manager = self.engine.block_manager
         return {"prefix_cache_hits": manager.hits, "stale_prefix_hits": manager.stale_hits}
 
@@ -363,8 +381,6 @@ class Run:
         return self._holding_run_dir(lambda: self._run(resume))
 
     def _run(self, resume: bool) -> dict:
-        from tqdm import tqdm
-
         c = self.config
         torch.manual_seed(c.seed)
         config_path = self.out / "config.json"
@@ -391,6 +407,17 @@ class Run:
         # model cannot take (NVFP4 on an in-dim that is no multiple of 16) fails here, not after the run began
         learner = (MixedVersionLearner if c.inflight_update_at_token else Learner)(c)
         worker = RolloutWorker(c)
+        try:
+            return self._train(learner, worker, latest, previous)
+        finally:
+            worker.close()
+
+    def _train(self, learner, worker, latest: Path | None, previous: dict | None) -> dict:
+        """The run proper, once both sides are built and nothing is written yet: provenance, the warm
+        start (or the checkpoint ``latest``), then every RL step."""
+        from tqdm import tqdm
+
+        c = self.config
         record = _provenance.run_provenance(c)  # resolves the kernel sets (a native build) before any write
         if c.warm_start == "shared":
             record["warm_start"] = provenance_entry(c, self.quiet)
@@ -464,8 +491,12 @@ class Run:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
 
 
-def _add_counts(before: dict[str, int], since: dict[str, int]) -> dict[str, int]:
-    return {key: before.get(key, 0) + value for key, value in since.items()}
+def _add_counts(before: dict, since: dict) -> dict:
+    # None: a counter the engine cannot count (the vLLM engine's stale prefix hits without the salt)
+    def add(a, b):
+        return None if a is None or b is None else a + b
+
+    return {key: add(before.get(key, 0), value) for key, value in since.items()}
 
 
 def step_record(

@@ -11,7 +11,9 @@ What vLLM still does: scheduling, the paged KV cache's allocation and block tabl
 prefill, request/output plumbing. What the plugin replaces: the model forward (``model.py``: the
 project's ``CausalLM`` in engine mode), attention (``attention.py``: the KernelSet's paged
 attention reading vLLM's cache and block table), and sampling (``sampler.py``: the project
-engine's per-request seeded sampler and processed logprobs). ``docs/vllm.md`` has the numbers.
+engine's per-request seeded sampler and processed logprobs). ``engine.VllmEngine`` makes such a
+vLLM the RL loop's rollout engine (``RLConfig.rollout_engine = "vllm"``), weight updates reaching it
+through ``worker.WeightLoader``. ``docs/vllm.md`` has the numbers.
 """
 
 from __future__ import annotations
@@ -33,6 +35,22 @@ FAMILY_TO_ARCHITECTURE = {
 }
 
 
+class VllmUnavailableError(ImportError):
+    """vLLM is not installed in this interpreter (it lives in ``.venv-vllm``: ``make vllm-venv``)."""
+
+
+def import_vllm():
+    """The ``vllm`` module, or one ``VllmUnavailableError`` saying where vLLM is."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise VllmUnavailableError(
+            f"vLLM cannot be imported here ({err}); the vLLM rollout engine runs from .venv-vllm "
+            "(make vllm-venv, then .venv-vllm/bin/zm ...)"
+        ) from None
+    return vllm
+
+
 def register() -> None:
     """vLLM's general-plugin hook: make the plugin architectures resolvable (idempotent)."""
     from vllm import ModelRegistry
@@ -41,6 +59,37 @@ def register() -> None:
     for arch, target in ARCHITECTURES.items():
         if arch not in supported:
             ModelRegistry.register_model(arch, target)
+    _check_sampling_params_at_submission()
+
+
+def _check_sampling_params_at_submission() -> None:
+    """Refuse, when a request is submitted to a plugin model, the sampling parameters the plugin's
+    sampler does not apply (``sampler.unsupported_parameters``): one ``VLLMValidationError`` in the caller's
+    process; raised in the engine process instead it would take the engine down."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    stock_validate = InputProcessor._validate_params
+    if getattr(stock_validate, "_zeromismatch", False):
+        return
+
+    def validate(self, params, *args, **kwargs):
+        resolved = stock_validate(self, params, *args, **kwargs)
+        architectures = set(getattr(self.model_config, "architectures", None) or ())
+        if architectures & set(ARCHITECTURES):
+            from .sampler import unsupported_parameters
+
+            names = unsupported_parameters(params)
+            if names:
+                raise VLLMValidationError(
+                    f"the zeromismatch vLLM plugin does not apply {', '.join(names)}: the trainer's "
+                    "recompute would not match the sampled logprobs",
+                    parameter=names[0],
+                )
+        return resolved
+
+    validate._zeromismatch = True
+    InputProcessor._validate_params = validate
 
 
 def write_checkpoint(*args, **kwargs):

