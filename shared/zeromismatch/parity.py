@@ -7,7 +7,8 @@ of them sharing a random common prefix (so the prefix cache is exercised), each 
 own sampling seed; arrivals are staggered over engine steps (0-2 steps apart), so the
 batch composition changes at almost every step, and prompts longer than
 ``--prefill-chunk`` are prefilled in chunks next to other requests' decodes. The engine
-(``--tp`` workers) generates up to ``--max-tokens`` tokens per prompt; then the trainer
+(``--tp`` workers; ``--engine vllm``: a real vLLM serving the project's models through the plugin)
+generates up to ``--max-tokens`` tokens per prompt; then the trainer
 (``--trainer-tp``; ``--trainer megatron``: a Megatron-core model on the same kernels) recomputes every
 sampled token's logprob with its own packing: other
 micro-batch sizes and the reverse order. Output: diff_max, diff_mean, diff_std, k3_kl
@@ -170,6 +171,7 @@ def run_parity(
     rollout_lm_head: str = "fp32",
     checkpoint: str | None = None,
     trainer: str = "zeromismatch",
+    engine: str = "zeromismatch",
 ) -> dict:
     """Engine (rollout numerics) vs trainer (learner numerics) on one workload; see the module
     docstring. ``dtype`` / ``quant`` / ``kernels`` are both sides' unless a ``rollout_*`` field overrides
@@ -177,7 +179,9 @@ def run_parity(
     format, as an RL weight update delivers them. ``checkpoint``: a ``zm train`` run directory (or one of
     its ``checkpoints/step_N`` directories) whose trained weights and task prompts are used instead of
     the preset's random init and random tokens. ``trainer="megatron"``: the trainer side is a Megatron-core
-    model on the same kernels and weights (``integrations.megatron``), at ``trainer_tp``."""
+    model on the same kernels and weights (``integrations.megatron``), at ``trainer_tp``.
+    ``engine="vllm"``: the rollout side is a real vLLM serving the plugin (``integrations.vllm``), fed
+    the same workload through its step API (TP 1, the aligned stack's engine numerics)."""
     if logprobs_mode == "processed" and (temperature == 0 or top_k == 1):
         # the processed distribution is then one-hot: every logprob is exactly 0 on any kernels, and
         # "identical" would only say that both sides picked the same tokens
@@ -224,6 +228,7 @@ def run_parity(
             raise ValueError(f"--checkpoint runs at TP 1; got --tp {tp} --trainer-tp {trainer_tp}")
     elif model is None:
         raise ValueError("--model is required (or --checkpoint RUN_DIR)")
+    _check_engine(engine, model, tp, numerics)
     config = resolve_config(model)
     check_tp_degree(config, tp, "--tp")
     check_tp_degree(config, trainer_tp, "--trainer-tp")
@@ -264,7 +269,16 @@ def run_parity(
             engine_model.load_state_dict_hf(trainer_model.state_dict_hf())
         if engine_quant != "none":
             quantize_model(engine_model, engine_quant)
-        llm = LLM(engine_model, engine_kernels, **engine_kwargs)
+        if engine == "vllm":
+            from .integrations.vllm.engine import VllmEngine
+
+            llm = VllmEngine(
+                engine_model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                max_prefill_chunk=prefill_chunk, block_size=engine_kwargs["block_size"],
+                logprobs_mode=logprobs_mode, seed=seed,
+            )  # fmt: skip
+        else:
+            llm = LLM(engine_model, engine_kernels, **engine_kwargs)
     else:
         llm = LLM(model, engine_kernels, quant=None if engine_quant == "none" else engine_quant, tp=tp,
                   **engine_kwargs)  # fmt: skip
@@ -279,6 +293,8 @@ def run_parity(
     finally:
         if tp > 1:
             llm.close()
+        elif engine == "vllm":
+            llm.shutdown()
     del llm
     recomputed = trainer_logprobs(
         model, kernels, DTYPES[dtype], seed, quant, trainer_tp, outputs, trainer_model, trainer
@@ -287,7 +303,8 @@ def run_parity(
     result = diff_stats(rollout, torch.cat(recomputed))
     result.update(stats)
     result.update(
-        model=model, kernels=kernels, seed=seed, num_prompts=num_prompts, max_tokens=max_tokens, tp=tp,
+        model=model, kernels=kernels, engine=engine, seed=seed, num_prompts=num_prompts,
+        max_tokens=max_tokens, tp=tp,
         trainer=trainer, trainer_tp=trainer_tp, prefill_chunk=prefill_chunk, max_num_seqs=max_num_seqs,
         quant=quant,
         dtype=dtype, temperature=temperature, top_k=top_k, top_p=top_p, logprobs_mode=logprobs_mode,
@@ -297,6 +314,29 @@ def run_parity(
         weights_sha256=None if trained is None else trained.weights_sha256,
     )  # fmt: skip
     return result
+
+
+def _check_engine(engine: str, model: str, tp: int, numerics: dict) -> None:
+    """``--engine`` and what the vLLM engine can serve, refused before anything runs."""
+    from .rl.config import ROLLOUT_ENGINES
+
+    if engine not in ROLLOUT_ENGINES:
+        raise ValueError(f"--engine must be one of {ROLLOUT_ENGINES}, got {engine!r}")
+    if engine != "vllm":
+        return
+    from .integrations.vllm import serving_problems
+
+    if tp != 1:
+        raise ValueError(f"--tp {tp}: the vLLM plugin runs at tensor-parallel size 1 (--engine vllm)")
+    side = {
+        "rollout_kernels": numerics["rollout_kernels"] or numerics["kernels"],
+        "rollout_quant": numerics["rollout_quant"] or numerics["quant"],
+    }
+    problems = serving_problems(model, side["rollout_kernels"], side["rollout_quant"],
+                                numerics["kv_cache_dtype"], numerics["rollout_lm_head"])  # fmt: skip
+    for field, why in problems:
+        value = model if field == "model" else side.get(field, numerics.get(field))
+        raise ValueError(f"--{field.replace('_', '-')} {value}: {why} (--engine vllm)")
 
 
 def _check_trainer(trainer: str, config, trainer_tp: int) -> None:

@@ -164,3 +164,19 @@ def test_parity_stats_count_excluded_tokens_and_refuse_broken_ones():
     for broken in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="nan or \\+inf"):
             diff_stats(rollout, torch.tensor([-0.5, broken, 0.0, -2.0]))
+
+
+def test_zm_parity_engine_vllm_refuses_what_the_plugin_cannot_serve(capsys):
+    """Checked before any model is built or vLLM imported; each error names the flag."""
+    cases = [
+        (["--model", "tiny-nemotron-h"], "--model tiny-nemotron-h: the vLLM plugin serves"),
+        (["--tp", "2"], "--tp 2: the vLLM plugin runs at tensor-parallel size 1"),
+        (["--rollout-kernels", "default"], "--rollout-kernels default: the vLLM plugin runs the aligned"),
+        (["--rollout-quant", "fp8"], "--rollout-quant fp8: the vLLM plugin serves unquantized"),
+        (["--rollout-dtype", "bf16", "--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+    ]
+    for extra, message in cases:
+        model = [] if "--model" in extra else ["--model", "tiny-qwen3"]
+        rc = main(["parity", *model, "--engine", "vllm", "--max-tokens", "2", *extra])
+        captured = capsys.readouterr()
+        assert rc == 2 and message in captured.err, (extra, captured.err)

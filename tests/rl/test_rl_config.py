@@ -80,14 +80,13 @@ def test_one_response_per_prompt_is_refused_for_every_group_baseline(algo):
         ({"kv_cache_dtype": "fp8_e4m3", "rollout_dtype": "bfloat16"}, "kv_cache_dtype"),
         ({"rollout_lm_head": "activation", "rollout_dtype": "bfloat16"}, "rollout_lm_head"),
         ({"rollout_quant": "fp8"}, "rollout_quant"),
-        ({"lag": 2, "inflight_update_at_token": 3}, "inflight_update_at_token"),
         ({"executor": "ray"}, "executor"),
     ],
 )
 def test_vllm_rollout_refuses_what_the_plugin_cannot_serve(changes, field):
     """Checked when the config is made (no vLLM is imported), naming the field; the plugin serves the
-    aligned kernels, unquantized weights, an activation-dtype KV cache, an fp32 head, updates between
-    batches (integrations/vllm/engine.py)."""
+    aligned kernels, unquantized weights, an activation-dtype KV cache, an fp32 head
+    (integrations/vllm/engine.py)."""
     changes = {"rollout_engine": "vllm", **changes}
     with pytest.raises(ValueError, match=f"RLConfig.{field}"):
         RLConfig(**changes)

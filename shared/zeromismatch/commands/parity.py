@@ -2,6 +2,7 @@
 parsing and output of ``zeromismatch.parity`` (which says what the workload is and what is compared).
 
     zm parity --model tiny-qwen3 --kernels aligned
+    .venv-vllm/bin/zm parity --model tiny-qwen3 --engine vllm     # the rollout on a real vLLM
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..parity import (  # noqa: F401
 
 
 def register(sub) -> None:
-    from ..rl.config import TRAINERS
+    from ..rl.config import ROLLOUT_ENGINES, TRAINERS
     from .numerics import add_numerics_arguments
 
     p = sub.add_parser("parity", help="rollout-vs-trainer logprob diff on a randomized engine workload")
@@ -42,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--engine", default="zeromismatch", choices=ROLLOUT_ENGINES,
+                   help="the rollout side: the project's engine, or a real vLLM serving the project's "
+                        "models through the plugin (run from .venv-vllm: make vllm-venv)")  # fmt: skip
     p.add_argument("--tp", type=int, default=1, help="engine tensor-parallel degree")
     p.add_argument("--trainer-tp", type=int, default=1, help="trainer tensor-parallel degree")
     p.add_argument("--trainer", default="zeromismatch", choices=TRAINERS,
@@ -65,6 +69,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..integrations.megatron import MegatronUnavailableError
+    from ..integrations.vllm import VllmUnavailableError
     from .numerics import resolve_numerics
 
     try:
@@ -93,8 +98,9 @@ def run(args) -> int:
             top_p=args.top_p,
             logprobs_mode=args.logprobs_mode,
             trainer=args.trainer,
+            engine=args.engine,
         )
-    except (ValueError, TypeError, MegatronUnavailableError) as err:
+    except (ValueError, TypeError, MegatronUnavailableError, VllmUnavailableError) as err:
         print(f"zm parity: {err}", file=sys.stderr)
         return 2
     except EngineStepFailed as err:

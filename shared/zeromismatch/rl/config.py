@@ -213,28 +213,16 @@ class RLConfig:
 
     def _vllm_rollout_problems(self) -> list[tuple[str, str]]:
         """What the vLLM rollout engine (integrations/vllm/engine.py) cannot serve, refused now (this
-        imports no vLLM)."""
-        from ..integrations.vllm import FAMILY_TO_ARCHITECTURE
-        from ..models.presets import PRESETS
+        imports no vLLM); each named by the field this config set it with."""
+        from ..integrations.vllm import serving_problems
 
-        problems = []
-        family = PRESETS.get(self.model, {}).get("model_type")
-        if family not in FAMILY_TO_ARCHITECTURE:
-            families = ", ".join(sorted(FAMILY_TO_ARCHITECTURE))
-            problems.append(("model", f"the vLLM plugin serves the {families} families (a hybrid's "
-                                      "Mamba2 state needs vLLM's Mamba cache: docs/vllm.md)"))  # fmt: skip
-        if self.engine_kernels != "aligned":
-            problems.append(("rollout_kernels" if self.rollout_kernels else "kernels",
-                             "the vLLM plugin runs the aligned kernels"))  # fmt: skip
-        for name, served in (("kv_cache_dtype", "auto"), ("rollout_lm_head", "fp32")):
-            if getattr(self, name) != served:
-                problems.append((name, f"the vLLM plugin runs {name}={served!r} only"))
-        if self.engine_quant != "none":
-            problems.append(("rollout_quant" if self.rollout_quant else "quant",
-                             "the vLLM plugin serves unquantized weights"))  # fmt: skip
-        if self.inflight_update_at_token:
-            problems.append(("inflight_update_at_token", "the vLLM engine swaps weights between "
-                             "batches only (its generate runs every request to the end)"))  # fmt: skip
+        problems = serving_problems(
+            self.model, self.engine_kernels, self.engine_quant, self.kv_cache_dtype, self.rollout_lm_head
+        )
+        both_sides = {"rollout_kernels": "kernels", "rollout_quant": "quant"}  # (when not set apart)
+        problems = [
+            (both_sides[f] if f in both_sides and getattr(self, f) is None else f, why) for f, why in problems
+        ]
         if self.executor != "inprocess":
             problems.append(("executor", "the vLLM engine runs in the in-process executor"))
         return problems

