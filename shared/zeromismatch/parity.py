@@ -275,7 +275,7 @@ def run_parity(
             llm = VllmEngine(
                 engine_model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_prefill_chunk=prefill_chunk, block_size=engine_kwargs["block_size"],
-                logprobs_mode=logprobs_mode, seed=seed,
+                logprobs_mode=logprobs_mode, seed=seed, kernels=engine_kernels,
             )  # fmt: skip
         else:
             llm = LLM(engine_model, engine_kernels, **engine_kwargs)

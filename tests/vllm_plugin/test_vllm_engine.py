@@ -205,17 +205,30 @@ def test_inflight_updates_on_vllm_are_the_project_engines(tmp_path, mode):
 # ---- zm parity --engine vllm ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("preset, dtype", [("tiny-qwen3", "bf16"), ("tiny-deepseek-v3", "bf16")])
-def test_zm_parity_on_vllm_is_exact(capsys, preset, dtype):
+@pytest.mark.parametrize(
+    "preset, dtype, kernels",
+    [
+        ("tiny-qwen3", "bf16", "aligned"),
+        ("tiny-deepseek-v3", "bf16", "aligned"),
+        pytest.param("tiny-qwen3", "fp32", "aligned-native", marks=pytest.mark.native),
+    ],
+)
+def test_zm_parity_on_vllm_is_exact(capsys, preset, dtype, kernels):
     """The parity harness's workload (staggered arrivals, a shared prefix, chunked prefill) through
-    vLLM's step API; the inverse, the project engine on the default kernels, is not exact."""
+    vLLM's step API, the plugin on the named kernel set and the trainer on the same; the inverse, the
+    engine on another set than the trainer's, is not exact."""
     from zeromismatch.cli import main
     from zeromismatch.parity import run_parity
 
-    rc = main(["parity", "--model", preset, "--dtype", dtype, "--engine", "vllm", "--json"])
+    rc = main(
+        ["parity", "--model", preset, "--dtype", dtype, "--kernels", kernels, "--engine", "vllm", "--json"]
+    )
     result = json.loads(capsys.readouterr().out)
-    assert rc == 0 and result["engine"] == "vllm"
+    assert rc == 0 and result["engine"] == "vllm" and result["rollout_kernels"] == kernels
     assert result["identical"] and result["diff_max"] == 0.0 and result["informative_tokens"] == 128
     assert result["prefix_cache_hits"] > 0
-    inverse = run_parity(preset, dtype=dtype, rollout_kernels="default")
+    if kernels == "aligned-native":  # the native plugin against the pure-torch trainer
+        inverse = run_parity(preset, dtype=dtype, kernels="aligned", rollout_kernels=kernels, engine="vllm")
+    else:
+        inverse = run_parity(preset, dtype=dtype, rollout_kernels="default")
     assert not inverse["identical"]

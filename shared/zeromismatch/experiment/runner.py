@@ -85,7 +85,8 @@ ARM_CHOICE_FIELDS = (
     "rollout_quant", "kv_cache_dtype", "temperature", "top_k", "top_p", "grad_clip", "audit_rollout_version",
     "seed",
 )  # fmt: skip
-PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor", "trainer")  # set from FullScale below
+# set from FullScale below
+PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor", "trainer", "rollout_engine")
 
 
 def _precision_fields(experiment: Experiment, full: FullScale, mini: dict) -> dict[str, str]:

@@ -69,7 +69,7 @@ class RolloutWorker:
                 model, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
                 enable_prefix_caching=config.enable_prefix_caching,
                 prefix_cache_versioned=config.prefix_cache_versioned, block_size=config.kv_block_size,
-                logprobs_mode=config.logprobs_mode, seed=config.seed,
+                logprobs_mode=config.logprobs_mode, seed=config.seed, kernels=config.engine_kernels,
             )  # fmt: skip
         else:
             from ..engine import LLM

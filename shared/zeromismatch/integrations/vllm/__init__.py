@@ -27,6 +27,10 @@ ARCHITECTURES = {
     "ZeroMismatchDeepseekV3ForCausalLM": f"{_MODEL_MODULE}:ZeroMismatchDeepseekV3ForCausalLM",
 }
 
+#: the kernel sets the plugin serves: those whose engine and trainer agree bit for bit (the trainer
+#: that recomputes the logprobs runs the same set); a checkpoint names its own (checkpoint.KERNELS_KEY)
+KERNEL_SETS = ("aligned", "aligned-native")
+
 #: the project's model family -> the plugin architecture a checkpoint of it is written with
 FAMILY_TO_ARCHITECTURE = {
     "qwen3": "ZeroMismatchQwen3ForCausalLM",
@@ -39,8 +43,9 @@ def serving_problems(
     model: str, kernels: str, quant: str, kv_cache_dtype: str, lm_head: str
 ) -> list[tuple[str, str]]:
     """(field, why) for each engine-side setting the plugin cannot serve (imports no vLLM): it
-    serves the aligned kernels, unquantized weights, an activation-dtype KV cache and the fp32 head,
-    for the families it has a model for. The fields are RLConfig's names of the engine's side."""
+    serves the aligned kernel sets (``KERNEL_SETS``), unquantized weights, an activation-dtype KV
+    cache and the fp32 head, for the families it has a model for. The fields are RLConfig's names of
+    the engine's side."""
     from ...models.presets import PRESETS
 
     problems = []
@@ -49,8 +54,8 @@ def serving_problems(
         families = ", ".join(sorted(FAMILY_TO_ARCHITECTURE))
         problems.append(("model", f"the vLLM plugin serves the {families} families (a hybrid's Mamba2 "
                                   "state needs vLLM's Mamba cache: docs/vllm.md)"))  # fmt: skip
-    if kernels != "aligned":
-        problems.append(("rollout_kernels", "the vLLM plugin runs the aligned kernels"))
+    if kernels not in KERNEL_SETS:
+        problems.append(("rollout_kernels", f"the vLLM plugin runs the {' or '.join(KERNEL_SETS)} kernels"))
     if quant != "none":
         problems.append(("rollout_quant", "the vLLM plugin serves unquantized weights"))
     settings = {"kv_cache_dtype": (kv_cache_dtype, "auto"), "rollout_lm_head": (lm_head, "fp32")}

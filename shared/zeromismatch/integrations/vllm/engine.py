@@ -115,6 +115,7 @@ class VllmEngine:
         max_model_len: int | None = None,
         logprobs_mode: str = "processed",
         seed: int = 0,
+        kernels: str = "aligned",
         stock: bool = False,
         workdir: str | os.PathLike | None = None,
     ):
@@ -124,7 +125,7 @@ class VllmEngine:
         this many prompt tokens of one request per step (the project engine's ``prefill_chunk``,
         vLLM's ``long_prefill_token_threshold``; None: only the step's token budget limits it).
         ``workdir``: where the checkpoint vLLM loads is written (default: a temporary directory,
-        removed by ``shutdown``)."""
+        removed by ``shutdown``). ``kernels``: the plugin's kernel set (``KERNEL_SETS``)."""
         LLM = import_vllm().LLM
         family = model.config.family
         if family not in FAMILY_TO_ARCHITECTURE:
@@ -150,7 +151,7 @@ class VllmEngine:
         self._pending: list[RequestOutput] = []  # finished by an update, delivered by the next step()
         self._owned_dir = workdir is None
         self._dir = Path(tempfile.mkdtemp(prefix="zm-vllm-") if workdir is None else workdir)
-        checkpoint = write_checkpoint(model, self._dir / "checkpoint", stock=stock)
+        checkpoint = write_checkpoint(model, self._dir / "checkpoint", stock=stock, kernels=kernels)
         kv_bytes = max_num_seqs * self.max_model_len * _kv_bytes_per_token(model) * 5 // 4
         # the engine core in this process: a step() returns once that step ran, so a weight update
         # lands between two known steps and every token's version is exact (a separate engine-core

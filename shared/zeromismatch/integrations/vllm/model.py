@@ -21,6 +21,7 @@ Nothing of vLLM's model code runs; the classes differ only in the family they ac
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from ...kernels import get_kernels
 from ...models import build_model
 from ...models.batch import ForwardBatch, ModelCache
 from ...models.config import ModelConfig
+from . import KERNEL_SETS
 from . import sampler as plugin_sampler
 from .attention import (
     ZeroMismatchAttentionBackend,
@@ -37,29 +39,38 @@ from .attention import (
     project_cache_views,
     project_slot_mapping,
 )
+from .checkpoint import KERNELS_KEY
 
-#: the kernel set the plugin runs: the one whose engine and trainer agree bit for bit
-KERNELS = "aligned"
+DEFAULT_KERNELS = "aligned"  # a checkpoint whose config.json names no kernel set (KERNELS_KEY)
 
 
-def _checkpoint_config(vllm_config) -> ModelConfig:
+def _checkpoint_config(vllm_config) -> tuple[ModelConfig, str]:
+    """The checkpoint's model config and the kernel set it asks for."""
     model_path = Path(vllm_config.model_config.model)
     if not (model_path / "config.json").is_file():
         raise ValueError(
             f"the zeromismatch vLLM plugin loads local checkpoint directories; {model_path} has no "
             "config.json (write one with zeromismatch.integrations.vllm.write_checkpoint)"
         )
-    return ModelConfig.from_hf_config(model_path / "config.json")
+    raw = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    kernels = raw.get(KERNELS_KEY, DEFAULT_KERNELS)
+    if kernels not in KERNEL_SETS:
+        raise ValueError(
+            f"{model_path / 'config.json'}: {KERNELS_KEY} {kernels!r}: the plugin runs "
+            f"{', '.join(KERNEL_SETS)}"
+        )
+    return ModelConfig.from_hf_config(model_path / "config.json"), kernels
 
 
 class _ZeroMismatchForCausalLM(nn.Module):
     family: str = ""
+    zeromismatch_plugin = True  # (the sampler routes a step to the project's sampler by this)
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         from vllm.model_executor.layers.attention import Attention
 
-        config = _checkpoint_config(vllm_config)
+        config, kernel_set = _checkpoint_config(vllm_config)
         if config.family != self.family:
             raise ValueError(
                 f"{type(self).__name__} runs {self.family!r} checkpoints, got a {config.family!r} one"
@@ -77,7 +88,7 @@ class _ZeroMismatchForCausalLM(nn.Module):
             raise NotImplementedError("the zeromismatch vLLM plugin runs kv_cache_dtype='auto' only")
         if vllm_config.parallel_config.tensor_parallel_size != 1:
             raise NotImplementedError("the zeromismatch vLLM plugin runs at tensor-parallel size 1")
-        kernels = get_kernels(KERNELS)
+        kernels = get_kernels(kernel_set)
         dtype = vllm_config.model_config.dtype
         self.config = config
         self.model = build_model(config, kernels=kernels, dtype=dtype, seed=None)

@@ -32,7 +32,8 @@ Supported sampling parameters: temperature (0 = greedy), top_k, top_p, seed, log
 token and top-n), prompt_logprobs, stop_token_ids, max_tokens; ``logprobs_mode``
 "processed_logprobs" (what an RL objective needs) or "raw_logprobs" (vLLM's default). A request
 with any other sampling parameter that changes the distribution (penalties, min-p, logit bias,
-min-tokens, bad words, allowed tokens, structured outputs, a thinking budget) is refused when it is
+min-tokens where the request has stop tokens, bad words, allowed tokens, structured outputs, a
+thinking budget) is refused when it is
 submitted, in the caller's process, with one ``VLLMValidationError`` (vLLM's request-validation
 error) naming the parameters
 (``unsupported_parameters``, checked by ``register``'s patch of vLLM's input processor): the
@@ -40,9 +41,11 @@ trainer's recompute applies none of them, so their logprobs could not match. The
 serving the other requests.
 
 The patch is installed (``install``) by the wrapper model's constructor, in the process that
-holds the model runner; ``Sampler.forward`` then takes the project's path only when a plugin model
-was built in that process (each ``LLM`` has its own engine-core process), so a stock model keeps
-vLLM's sampler.
+holds the model runner. It routes per step, not per process: the patched
+``GPUModelRunner.execute_model`` notes whether the runner's model is a plugin model
+(``STATE.active``) before the step runs, and the sampler takes the project's path only then, so a
+stock model keeps vLLM's sampler even in a process that also serves a plugin model (two in-process
+engines, as ``benchmarks/vllm_peer.py`` runs them).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class _StepState:
     """What the wrapper model tells the sampler about the step it just ran (same process)."""
 
     engine_sampler: EngineSampler | None = None
+    active: bool = False  # the step being run is a plugin model's (``GPUModelRunner.execute_model``)
     seq_lens: list[int] | None = None
     prompt_lens: list[int] | None = None  # of the input batch's rows (``GPUModelRunner._sample``)
 
@@ -93,7 +97,7 @@ def install(kernels) -> None:
     stock_forward = Sampler.forward
 
     def forward(self, logits, sampling_metadata, predict_bonus_token=False, logprobs_mode_override=None):
-        if STATE.engine_sampler is None:
+        if not STATE.active:
             return stock_forward(self, logits, sampling_metadata, predict_bonus_token, logprobs_mode_override)
         return sample(self, logits, sampling_metadata, logprobs_mode_override or self.logprobs_mode)
 
@@ -104,12 +108,12 @@ def install(kernels) -> None:
     stock_compute, stock_gather = Sampler.compute_logprobs, Sampler.gather_logprobs
 
     def compute_logprobs(logits):
-        if STATE.engine_sampler is None:
+        if not STATE.active:
             return stock_compute(logits)
         return STATE.engine_sampler.kernels.log_softmax(logits.to(torch.float32))
 
     def gather_logprobs(logprobs, num_logprobs, token_ids):
-        if STATE.engine_sampler is None:
+        if not STATE.active:
             return stock_gather(logprobs, num_logprobs, token_ids)
         return _gather_logprobs(logprobs, num_logprobs, token_ids)
 
@@ -123,12 +127,20 @@ def install(kernels) -> None:
     stock_sample = GPUModelRunner._sample
 
     def runner_sample(self, logits, spec_decode_metadata):
-        if STATE.engine_sampler is not None:
+        if STATE.active:
             batch = self.input_batch
             STATE.prompt_lens = batch.num_prompt_tokens[: batch.num_reqs].tolist()
         return stock_sample(self, logits, spec_decode_metadata)
 
     GPUModelRunner._sample = runner_sample
+
+    stock_execute = GPUModelRunner.execute_model
+
+    def execute_model(self, *args, **kwargs):
+        STATE.active = bool(getattr(self.get_model(), "zeromismatch_plugin", False))
+        return stock_execute(self, *args, **kwargs)
+
+    GPUModelRunner.execute_model = execute_model
 
 
 #: vLLM SamplingParams field -> its "off" value (each changes the sampling distribution)
@@ -149,11 +161,14 @@ _UNSUPPORTED_DEFAULTS = {
 def unsupported_parameters(params) -> list[str]:
     """The names of ``params``' (a vLLM ``SamplingParams``) set fields the plugin's sampler does not
     apply."""
-    return [
+    names = [
         name
         for name, off in _UNSUPPORTED_DEFAULTS.items()
         if getattr(params, name, off) not in (off, None, {}, [])
     ]
+    if "min_tokens" in names and params.ignore_eos and not params.stop_token_ids:
+        names.remove("min_tokens")  # it only masks stop tokens, and this request has none
+    return names
 
 
 def _reject_unsupported(md) -> None:
