@@ -73,9 +73,11 @@ def test_summary_maxima_show_a_nan_step_wherever_it_falls():
         assert math.isnan(summary["grad_norm_preclip_max"]), order
     clean = summarize([record(g, 0.0) for g in (0.5, 0.7)], "sha", evals, evals, [])
     assert clean["grad_norm_preclip_max"] == 0.7 and clean["diff_max_max_over_steps"] == 0.0
-    assert math.isnan(summarize([record(0.5, 0.0), record(0.5, math.nan)], "sha", evals, evals, [])[
-        "diff_max_max_over_steps"
-    ])
+    assert math.isnan(
+        summarize([record(0.5, 0.0), record(0.5, math.nan)], "sha", evals, evals, [])[
+            "diff_max_max_over_steps"
+        ]
+    )
     assert summarize([], "sha", evals, evals, [])["grad_norm_preclip_max"] is None
 
 
