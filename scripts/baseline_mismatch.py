@@ -82,8 +82,11 @@ def measure(name: str, warm_root: Path, num_prompts: int, quiet: bool) -> dict:
         "experiment": name,
         "model": config.model,
         "env": config.env,
-        "warm_start": {"sft_steps": config.sft_steps, "weights_sha256": trained.weights_sha256,
-                       "shared_key": shared_key},
+        "warm_start": {
+            "sft_steps": config.sft_steps,
+            "weights_sha256": trained.weights_sha256,
+            "shared_key": shared_key,
+        },
         "num_prompts": num_prompts,
         "max_tokens": config.max_new_tokens,
         "stacks": rows,

@@ -202,7 +202,7 @@ def _cpu_of(run: Path) -> str | None:
 
 
 def machine_change(fresh: Path, committed: Path) -> str | None:
-    """"committed on <cpu>, rerun on <cpu>" when the provenances name different CPU models, else None."""
+    """ "committed on <cpu>, rerun on <cpu>" when the provenances name different CPU models, else None."""
     was, now = _cpu_of(committed), _cpu_of(fresh)
     if was is None or now is None or was.strip() == now.strip():
         return None

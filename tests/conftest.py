@@ -26,6 +26,7 @@ def _warm_start_cache(tmp_path_factory):
     """Shared warm starts a test builds go to a temp cache, never the checkout's runs/warm_starts."""
     os.environ["ZEROMISMATCH_WARM_START_DIR"] = str(tmp_path_factory.mktemp("warm_starts"))
 
+
 #: the packages of the optional ``cluster`` extra (pyproject.toml), the default of ``@pytest.mark.cluster``
 CLUSTER_MODULES = ("ray", "submitit")
 
@@ -97,8 +98,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def _vllm_missing_under_ci():
-    pytest.fail("vllm is not installed in this venv: CI runs the vllm-marked tests in .venv-vllm "
-                "(make vllm-test)")
+    pytest.fail(
+        "vllm is not installed in this venv: CI runs the vllm-marked tests in .venv-vllm (make vllm-test)"
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -64,9 +64,12 @@ def _migration(**changes) -> RLConfig:
 
 def mini() -> list[Arm]:
     return [
-        Arm("v0", _migration(kernels="aligned", update_mode="keep"),
+        Arm(
+            "v0",
+            _migration(kernels="aligned", update_mode="keep"),
             "reference: aligned, processed logprobs, in-flight updates continue requests on the new weights",
-            seeds=SEEDS),  # fmt: skip
+            seeds=SEEDS,
+        ),  # fmt: skip
         Arm(
             "v1_first",
             _migration(
@@ -82,19 +85,38 @@ def mini() -> list[Arm]:
             "activation-dtype head (an fp32 head in this fp32 workload)",
             seeds=SEEDS,
         ),
-        Arm("v1_fixed", _migration(kernels="default", update_mode="keep"),
-            "V1 after the four fixes (kernels still unaligned)", seeds=SEEDS),  # fmt: skip
-        Arm("fast", _migration(update_mode="keep", **stack_fields("fast-bf16")),
+        Arm(
+            "v1_fixed",
+            _migration(kernels="default", update_mode="keep"),
+            "V1 after the four fixes (kernels still unaligned)",
+            seeds=SEEDS,
+        ),  # fmt: skip
+        Arm(
+            "fast",
+            _migration(update_mode="keep", **stack_fields("fast-bf16")),
             "a bf16 V1-style rollout on stock kernels with a bf16 head (fix 4 undone), processed logprobs "
-            "and a versioned prefix cache, against the fp32 learner"),
+            "and a versioned prefix cache, against the fp32 learner",
+        ),
         # one fix at a time, on the aligned stack, so nothing else can explain the difference:
-        Arm("prefix_cache_versioned", _prefix(True), "code-repair prompts share prefixes; versioned cache",
-            seeds=SEEDS),  # fmt: skip
-        Arm("prefix_cache_unversioned", _prefix(False), "the same with a cache that ignores weight versions",
-            seeds=SEEDS),  # fmt: skip
+        Arm(
+            "prefix_cache_versioned",
+            _prefix(True),
+            "code-repair prompts share prefixes; versioned cache",
+            seeds=SEEDS,
+        ),  # fmt: skip
+        Arm(
+            "prefix_cache_unversioned",
+            _prefix(False),
+            "the same with a cache that ignores weight versions",
+            seeds=SEEDS,
+        ),  # fmt: skip
         Arm("lm_head_fp32", _head("fp32"), "bf16 activations, fp32 head on both sides", seeds=SEEDS),
-        Arm("lm_head_bf16", _head("activation"), "bf16 activations, bf16 rollout head vs fp32 trainer head",
-            seeds=SEEDS),  # fmt: skip
+        Arm(
+            "lm_head_bf16",
+            _head("activation"),
+            "bf16 activations, bf16 rollout head vs fp32 trainer head",
+            seeds=SEEDS,
+        ),  # fmt: skip
     ]
 
 

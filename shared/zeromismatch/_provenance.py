@@ -146,7 +146,7 @@ def provenance(config: object | None = None, argv: list[str] | None = None) -> d
     from . import __version__
 
     commit, untracked = git_state()
-    record = {
+    record: dict[str, object] = {
         "zeromismatch_version": __version__,
         "git_commit": commit,
         "untracked_code": None

@@ -31,7 +31,7 @@ class DirectoryLockedError(BlockingIOError):
         super().__init__(errno.EWOULDBLOCK, message)
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""
 
 
 def _umask() -> int:

@@ -140,9 +140,7 @@ def test_benchmark_claims(results):
     claim = "S1-dsv4-rollout-throughput-91.3pct"
     bench = "rollout_tiny-deepseek-v3"  # the experiment's DeepSeek stand-in, not tiny-qwen3's rollout.json
     assert _verdicts(results, EXP)[claim].verdict == NOT_RUN
-    write_benchmark(
-        results, bench, {"ratio_aligned_over_default": 0.42, "provenance": {"git_commit": "abc"}}
-    )
+    write_benchmark(results, bench, {"ratio_aligned_over_default": 0.42, "provenance": {"git_commit": "abc"}})
     slow = _verdicts(results, EXP)[claim]
     assert slow.verdict == NOT_REPRODUCED and slow.speed_ratio == 0.42
     assert slow.run == f"reproduced/benchmarks/{bench}.json" and slow.provenance["git_commit"] == "abc"

@@ -1,6 +1,6 @@
 """`make test` (README's test command, which .ci/run runs verbatim): pytest collecting no tests
 (its exit 5) is named by the recipe, because make turns every failing recipe into exit 2 and a caller
-of make can no longer tell. The recipe is run with stand-in ruff, pytest and vLLM-venv python;
+of make can no longer tell. The recipe is run with stand-in lint tools, pytest and vLLM-venv python;
 nothing is installed."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _fake_venv(tmp_path: Path, pytest_rc: int) -> Path:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    for tool, rc in (("ruff", 0), ("pytest", pytest_rc)):
+    lint = ("ruff", "mypy", "codespell", "clang-format")  # `make lint`, which `make test` runs first
+    for tool, rc in (*((name, 0) for name in lint), ("pytest", pytest_rc)):
         script = venv / "bin" / tool
         script.write_text(f"#!/bin/sh\nexit {rc}\n")
         script.chmod(script.stat().st_mode | stat.S_IXUSR)

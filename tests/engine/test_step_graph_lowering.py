@@ -1,4 +1,4 @@
-"""Step graphs replay plain data movement and fp32 adds natively (``kernels/step_graph.py::_lowered``:
+"""Step graphs replay plain data movement and fp32 adds natively (``kernels/capture/ops_as_native_calls.py``:
 ``zm_copy_rows``, ``zm_add_f32``): each lowered pattern is recorded as a native call, a replay on new
 inputs gives the eager ops' bits (``torch.equal`` on the raw bytes), an index a torch op would reject
 makes the replay raise ``ReplayDiverged`` instead of writing outside the tensor, and the layouts it does
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zeromismatch.kernels.capture.record_replay import ReplayDiverged, capture
 from zeromismatch.kernels.native import _build
-from zeromismatch.kernels.step_graph import ReplayDiverged, capture
 
 pytestmark = pytest.mark.native
 

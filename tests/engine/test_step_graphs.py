@@ -1,4 +1,4 @@
-"""Step graphs (kernels/step_graph.py, engine/step_graphs.py): a replayed decode step gives the eager
+"""Step graphs (kernels/capture/, engine/step_graphs.py): a replayed decode step gives the eager
 engine's bits, the trainer still recomputes them bitwise, and what a replay cannot repeat refuses
 the capture instead of being replayed as a constant."""
 
@@ -15,7 +15,7 @@ from zeromismatch.engine.llm import build_preset
 from zeromismatch.engine.step_graphs import padded_width
 from zeromismatch.kernels import get_kernels
 from zeromismatch.kernels.aligned import gemm
-from zeromismatch.kernels.step_graph import Guard, ReplayDiverged, capture, host_reads_for_checks
+from zeromismatch.kernels.capture.record_replay import Guard, ReplayDiverged, capture, host_reads_for_checks
 from zeromismatch.train.logprobs import recompute_outputs
 
 NATIVE = "aligned-native"
@@ -176,7 +176,7 @@ def test_a_replay_on_new_inputs_equals_the_eager_call_on_them():
 
     with torch.no_grad():
         graph, out = capture(step, held=[x, weight])  # (read by the native call without an aten op)
-        # the add of the two runs natively too (step_graph._lowered); x * 2 stays a torch op
+        # the add of the two runs natively too (capture/ops_as_native_calls.py); x * 2 stays a torch op
         assert graph.refused is None and graph.native_call_names() == ["zm_rms_norm", "zm_add_f32"]
         fresh = torch.randn(5, 48)
         x.copy_(fresh)
@@ -278,7 +278,7 @@ def test_a_diverged_replay_reruns_eagerly_unless_recurrent_state_was_updated(pre
     status the graph expects of its first native call) gives up that graph's key. A transformer's
     step reruns eagerly and the generate ends as an eager engine's would; a hybrid's Mamba2 state
     was already updated by the partial replay, so its step's requests end with the error instead."""
-    from zeromismatch.kernels.step_graph import _call_native
+    from zeromismatch.kernels.capture.record_replay import _call_native
 
     model = build_preset(preset, NATIVE, torch.float32, 0)
     params = SamplingParams(**GRAPH_SAMPLES, max_tokens=10, seed=4)

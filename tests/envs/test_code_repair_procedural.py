@@ -47,8 +47,13 @@ def test_tasks_do_not_depend_on_the_process_hash_seed():
         " for sp in ('train', 'eval') for s in range(10)]))\n"
     )
     outputs = {
-        subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": hash_seed},
-                       capture_output=True, text=True, check=True).stdout  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout  # fmt: skip
         for hash_seed in ("1", "2")
     }
     assert len(outputs) == 1

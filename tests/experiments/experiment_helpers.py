@@ -26,8 +26,15 @@ def git(where: Path, *args: str) -> str:
     ).stdout.strip()  # fmt: skip
 
 
-def make_checkout(where: Path, paths: tuple[str, ...] = ("experiments/osworld_step_time", "results/published",
-                                                        "cluster/profiles", "paper_figures")) -> Path:
+def make_checkout(
+    where: Path,
+    paths: tuple[str, ...] = (
+        "experiments/osworld_step_time",
+        "results/published",
+        "cluster/profiles",
+        "paper_figures",
+    ),
+) -> Path:
     """A second checkout of this project at ``where``: a git repository holding copies of ``paths`` from
     this working tree, committed (a copy rather than a clone of HEAD, so uncommitted work is what it runs)."""
     import shutil

@@ -249,9 +249,7 @@ def test_row_parallel_is_layout_invariant(dtype):
         assert torch.equal(NATIVE.row_parallel_linear(x[i : i + 1], w), tp1[i : i + 1])
 
 
-@pytest.mark.parametrize(
-    "dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-6)], ids=["fp32", "bf16"]
-)
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-6)], ids=["fp32", "bf16"])
 def test_lm_head_accuracy_against_float64(dtype, tol):
     """Relative to max |logit|: fp32 sums of exact products (bf16) or fp32 FMAs, K = 1024
     sequential steps: ~K * 2^-24 / sqrt(K) typical, bounded well under 2e-6 here."""

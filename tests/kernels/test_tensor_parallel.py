@@ -125,13 +125,7 @@ def test_split_k_with_rank_order_all_reduce_differs_between_degrees():
 def test_default_column_parallel_differs_between_degrees():
     # small shard widths take other stock GEMM kernels than the full width (e.g. M=1, K=64, N=8
     # in 4 shards of 2 columns): the concatenated shards differ from the unsharded product
-    cases = [
-        (m, k, n, s)
-        for m in (1, 2, 16)
-        for k in (64, 256)
-        for n in (8, 16, 1024)
-        for s in range(3)
-    ]
+    cases = [(m, k, n, s) for m in (1, 2, 16) for k in (64, 256) for n in (8, 16, 1024) for s in range(3)]
 
     def same(case):
         m, k, n, s = case

@@ -46,8 +46,20 @@ def test_zm_parity_rejects_bad_tp_and_prompt_count_before_spawning(capsys, monke
 
 
 def test_zm_parity_prefill_chunk_none_means_no_per_request_limit(capsys):
-    rc = main(["parity", "--model", "tiny-qwen3", "--num-prompts", "2", "--max-tokens", "2",
-               "--prefill-chunk", "none", "--json"])
+    rc = main(
+        [
+            "parity",
+            "--model",
+            "tiny-qwen3",
+            "--num-prompts",
+            "2",
+            "--max-tokens",
+            "2",
+            "--prefill-chunk",
+            "none",
+            "--json",
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     assert rc == 0 and result["prefill_chunk"] is None and result["identical"]
     with pytest.raises(SystemExit):  # argparse: exit 2 with one message

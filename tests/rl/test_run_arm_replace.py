@@ -95,4 +95,3 @@ def test_a_second_process_on_the_same_arm_is_refused_before_it_touches_anything(
     assert (partial / "metrics.jsonl").read_text() == '{"step": 0}\n' and not final.exists()
     monkeypatch.setattr(zeromismatch.rl, "train", _fake_train("after"))
     assert runner.run_arm(ARM, str(final)) == {"tag": "after"}  # released: the arm runs
-

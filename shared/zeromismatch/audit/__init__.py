@@ -7,8 +7,9 @@
   config hashes, recorded commits, committed data vs git HEAD);
 - :mod:`.benchmarks`, :mod:`.learnability`, :mod:`.portability` render the report's measurement
   sections, reading their JSON files through :mod:`.inputs` (typed, one error naming file and key);
-- :mod:`.figures`, :mod:`.report`, :mod:`.html` draw the figures and write REPORT.md / report.html
-  (built in a staging directory, then moved over the old outputs).
+- :mod:`.report` builds the report's sections once as :mod:`.document` blocks, which render to
+  REPORT.md and (:mod:`.html`) report.html; :mod:`.figures` draws the figures (all built in a
+  staging directory, then moved over the old outputs).
 
 Entry points: ``zm audit`` (table, ``--strict``) and ``python paper_figures/make_all.py``.
 """

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from html import escape
 from pathlib import Path
 
+from .document import blocks_from_markdown, to_html
 from .inputs import Node
 from .text import fmt_number, short_commit
 
@@ -344,38 +344,6 @@ def _rollout_breakdowns(bench_dir: Path) -> list[str]:
     return lines + _presets_not_run("rollout_breakdown.py", absent)
 
 
-def _inline_html(text: str) -> str:
-    parts = escape(text).split("`")
-    return "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
-
-
 def lines_to_html(lines: list[str]) -> str:
-    """The small Markdown subset :func:`benchmark_lines` emits (headings, paragraphs, pipe tables)
-    as HTML, so report.html shows the same tables as REPORT.md."""
-    out: list[str] = []
-    table: list[list[str]] = []
-
-    def flush_table() -> None:
-        if not table:
-            return
-        header, *rows = table
-        out.append('<table class="benchmark"><tr>' + "".join(f"<th>{_inline_html(c)}</th>" for c in header))
-        out.extend("<tr>" + "".join(f"<td>{_inline_html(c)}</td>" for c in row) + "</tr>" for row in rows)
-        out.append("</table>")
-        table.clear()
-
-    for line in lines:
-        if line.startswith("|"):
-            cells = [cell.strip() for cell in line.strip("|").split("|")]
-            if not all(set(cell) <= set("-:") for cell in cells):
-                table.append(cells)
-            continue
-        flush_table()
-        if line.startswith("### "):
-            out.append(f"<h3>{_inline_html(line[4:])}</h3>")
-        elif line.startswith("## "):
-            out.append(f"<h2>{_inline_html(line[3:])}</h2>")
-        elif line:
-            out.append(f"<p>{_inline_html(line)}</p>")
-    flush_table()
-    return "\n".join(out)
+    """The section's lines as report.html shows them (the report renders every section this way)."""
+    return to_html(blocks_from_markdown(lines))

@@ -64,8 +64,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.capture.record_replay import Guard, ReplayDiverged, StepGraph, capture
 from ..kernels.native import random as native_random
-from ..kernels.step_graph import Guard, ReplayDiverged, StepGraph, capture
 from ..models.batch import ForwardBatch, ModelCache
 from .sampler import mix_seed, sampling_tensors
 

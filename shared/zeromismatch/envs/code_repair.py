@@ -67,7 +67,7 @@ class RepairTemplate:
 def _max_list(slots: dict[str, str], args: tuple) -> int:
     (xs,) = args
     best = xs[int(slots["idx"])]
-    for x in xs[int(slots["skip"]):]:
+    for x in xs[int(slots["skip"]) :]:
         if COMPARE[slots["cmp"]](x, best):
             best = x
     return best
@@ -96,8 +96,13 @@ def _small_list(rng: random.Random) -> tuple:
 TEMPLATES: tuple[RepairTemplate, ...] = (
     RepairTemplate(
         name="sum_range",
-        lines=("def sum_range(n):", "    total = {init}", "    for i in range({start}, n + {end}):",
-               "        total = total {op} i", "    return total"),
+        lines=(
+            "def sum_range(n):",
+            "    total = {init}",
+            "    for i in range({start}, n + {end}):",
+            "        total = total {op} i",
+            "    return total",
+        ),
         domains={"init": ("0", "1"), "start": ("0", "1", "2"), "end": ("0", "1", "2"), "op": ("+", "-", "*")},
         correct={"init": "0", "start": "1", "end": "1", "op": "+"},
         run=lambda slots, args: range_fold(slots, args, "init"),
@@ -105,8 +110,13 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
     ),
     RepairTemplate(
         name="factorial",
-        lines=("def factorial(n):", "    result = {init}", "    for i in range({start}, n + {end}):",
-               "        result = result {op} i", "    return result"),
+        lines=(
+            "def factorial(n):",
+            "    result = {init}",
+            "    for i in range({start}, n + {end}):",
+            "        result = result {op} i",
+            "    return result",
+        ),
         domains={"init": ("0", "1", "2"), "start": ("0", "1", "2"), "end": ("0", "1", "2"), "op": ("*", "+")},
         correct={"init": "1", "start": "1", "end": "1", "op": "*"},
         run=lambda slots, args: range_fold(slots, args, "init"),
@@ -114,8 +124,14 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
     ),
     RepairTemplate(
         name="max_list",
-        lines=("def max_list(xs):", "    best = xs[{idx}]", "    for x in xs[{skip}:]:",
-               "        if x {cmp} best:", "            best = x", "    return best"),
+        lines=(
+            "def max_list(xs):",
+            "    best = xs[{idx}]",
+            "    for x in xs[{skip}:]:",
+            "        if x {cmp} best:",
+            "            best = x",
+            "    return best",
+        ),
         domains={"idx": ("0", "1", "-1"), "skip": ("0", "1", "2"), "cmp": tuple(COMPARE)},
         correct={"idx": "0", "skip": "1", "cmp": ">"},
         run=_max_list,
@@ -123,8 +139,14 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
     ),
     RepairTemplate(
         name="count_greater",
-        lines=("def count_greater(xs, k):", "    count = {init}", "    for x in xs:", "        if x {cmp} k:",
-               "            count = count + {inc}", "    return count"),
+        lines=(
+            "def count_greater(xs, k):",
+            "    count = {init}",
+            "    for x in xs:",
+            "        if x {cmp} k:",
+            "            count = count + {inc}",
+            "    return count",
+        ),
         domains={"init": ("0", "1"), "cmp": tuple(COMPARE), "inc": ("0", "1", "2")},
         correct={"init": "0", "cmp": ">", "inc": "1"},
         run=_count_greater,
@@ -132,8 +154,12 @@ TEMPLATES: tuple[RepairTemplate, ...] = (
     ),
     RepairTemplate(
         name="abs_diff",
-        lines=("def abs_diff(a, b):", "    if a {cmp} b:", "        return a {op1} b",
-               "    return b {op2} a"),
+        lines=(
+            "def abs_diff(a, b):",
+            "    if a {cmp} b:",
+            "        return a {op1} b",
+            "    return b {op2} a",
+        ),
         domains={"cmp": tuple(COMPARE), "op1": ("-", "+"), "op2": ("-", "+")},
         correct={"cmp": ">", "op1": "-", "op2": "-"},
         run=_abs_diff,
@@ -235,8 +261,11 @@ class CodeRepairEnv(Env):
         numbered = "\n".join(f"{number} {line}" for number, line in enumerate(rendered, start=1))
         asserts = "\n".join(f"assert {template.call_text(args)} == {expected!r}" for args, expected in tests)
         prompt = f"Fix the bug:\n{numbered}\nTests:\n{asserts}\nPatch: "
-        return Task(prompt=prompt, answer=dict(template.correct),
-                    data={"template": template.name, "buggy": buggy, "tests": tests, "bug_slot": slot})
+        return Task(
+            prompt=prompt,
+            answer=dict(template.correct),
+            data={"template": template.name, "buggy": buggy, "tests": tests, "bug_slot": slot},
+        )
 
     def _fixes(self) -> set[str]:
         """Every fix action of the selected templates: one per line that has slots."""

@@ -71,8 +71,9 @@ _KEYWORDS = frozenset({"def", "for", "in", "range", "if", "return"})
 _VARIABLES = tuple(string.ascii_lowercase)
 _CONSONANTS, _VOWELS = "bcdfghjklmnpqrstvwxz", "aeiou"
 #: consonant-vowel-consonant names that Python or the prompt already uses
-_RESERVED = frozenset({"def", "del", "for", "not", "bin", "dir", "hex", "len", "map", "max", "min", "pow",
-                       "set", "sum", "zip"})
+_RESERVED = frozenset(
+    {"def", "del", "for", "not", "bin", "dir", "hex", "len", "map", "max", "min", "pow", "set", "sum", "zip"}
+)
 _NAMES = tuple(
     name for name in (c1 + v + c2 for c1 in _CONSONANTS for v in _VOWELS for c2 in _CONSONANTS)
     if name not in _RESERVED
@@ -133,40 +134,63 @@ def _list(rng: random.Random, low: int, high: int) -> tuple:
 PROCEDURAL_TEMPLATES: tuple[ProceduralTemplate, ...] = (
     ProceduralTemplate(
         name="fold",
-        lines=("def {F}({N}):", " {T} = {init}", " for {V} in range({start}, {N} + {end}):",
-               "  {T} = {T} {op} {V}", " return {T}"),
+        lines=(
+            "def {F}({N}):",
+            " {T} = {init}",
+            " for {V} in range({start}, {N} + {end}):",
+            "  {T} = {T} {op} {V}",
+            " return {T}",
+        ),
         names=("F", "N", "T", "V"),
         domains={"init": ("0", "1"), "start": _DIGITS, "end": ("0", "1", "2"), "op": tuple(ARITH)},
         constant_slots=("start",),
         constants=(1, 5),
-        variants={"sum": ("{F}({N}) is the sum of {K}..{N}", {"init": "0", "end": "1", "op": "+"}),
-                  "product": ("{F}({N}) is the product of {K}..{N}", {"init": "1", "end": "1", "op": "*"})},
+        variants={
+            "sum": ("{F}({N}) is the sum of {K}..{N}", {"init": "0", "end": "1", "op": "+"}),
+            "product": ("{F}({N}) is the product of {K}..{N}", {"init": "1", "end": "1", "op": "*"}),
+        },
         run=lambda slots, args: range_fold(slots, args, "init"),
         sample_args=lambda rng: (rng.randint(0, 9),),
     ),
     ProceduralTemplate(
         name="extreme",
-        lines=("def {F}({A}):", " {B} = {A}[{idx}]", " for {X} in {A}:", "  if {X} {cmp} {B}:",
-               "   {B} = {X}", " return {B}"),
+        lines=(
+            "def {F}({A}):",
+            " {B} = {A}[{idx}]",
+            " for {X} in {A}:",
+            "  if {X} {cmp} {B}:",
+            "   {B} = {X}",
+            " return {B}",
+        ),
         names=("F", "A", "B", "X"),
         domains={"idx": ("0", "1", "-1"), "cmp": tuple(COMPARE)},
         constant_slots=(),
         constants=(0, 0),
-        variants={"largest": ("{F}({A}) is the largest item of {A}", {"idx": "0", "cmp": ">"}),
-                  "smallest": ("{F}({A}) is the smallest item of {A}", {"idx": "0", "cmp": "<"})},
+        variants={
+            "largest": ("{F}({A}) is the largest item of {A}", {"idx": "0", "cmp": ">"}),
+            "smallest": ("{F}({A}) is the smallest item of {A}", {"idx": "0", "cmp": "<"}),
+        },
         run=_extreme,
         sample_args=lambda rng: _list(rng, -9, 9),
     ),
     ProceduralTemplate(
         name="count",
-        lines=("def {F}({A}):", " {C} = {init}", " for {X} in {A}:", "  if {X} {cmp} {k}:",
-               "   {C} = {C} + {inc}", " return {C}"),
+        lines=(
+            "def {F}({A}):",
+            " {C} = {init}",
+            " for {X} in {A}:",
+            "  if {X} {cmp} {k}:",
+            "   {C} = {C} + {inc}",
+            " return {C}",
+        ),
         names=("F", "A", "C", "X"),
         domains={"init": ("0", "1"), "cmp": tuple(COMPARE), "k": _DIGITS, "inc": ("0", "1", "2")},
         constant_slots=("k",),
         constants=(1, 8),
-        variants={"above": ("{F}({A}) counts items above {K}", {"init": "0", "cmp": ">", "inc": "1"}),
-                  "below": ("{F}({A}) counts items below {K}", {"init": "0", "cmp": "<", "inc": "1"})},
+        variants={
+            "above": ("{F}({A}) counts items above {K}", {"init": "0", "cmp": ">", "inc": "1"}),
+            "below": ("{F}({A}) counts items below {K}", {"init": "0", "cmp": "<", "inc": "1"}),
+        },
         run=_count,
         sample_args=lambda rng: _list(rng, 0, 9),
     ),
@@ -177,8 +201,10 @@ PROCEDURAL_TEMPLATES: tuple[ProceduralTemplate, ...] = (
         domains={"cmp": tuple(COMPARE), "k1": _DIGITS, "k2": _DIGITS},
         constant_slots=("k1", "k2"),
         constants=(1, 8),
-        variants={"caps": ("{F}({X}) caps {X} at {K}", {"cmp": ">"}),
-                  "floors": ("{F}({X}) floors {X} at {K}", {"cmp": "<"})},
+        variants={
+            "caps": ("{F}({X}) caps {X} at {K}", {"cmp": ">"}),
+            "floors": ("{F}({X}) floors {X} at {K}", {"cmp": "<"}),
+        },
         run=_clamp,
         sample_args=lambda rng: (rng.randint(-1, 10),),
     ),

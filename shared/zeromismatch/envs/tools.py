@@ -46,8 +46,9 @@ class ToolsEnv(Env):
         a, b, c = (rng.randint(10, self.max_operand) for _ in range(3))
         template = rng.choice(("{a}*{b}+{c}", "({a}+{b})*{c}", "{a}*{b}-{c}", "{a}**{k}%{m}"))
         expression = template.format(a=a, b=b, c=c, k=rng.randint(2, 5), m=rng.randint(11, 97))
-        return Task(prompt=f"Q: {expression}=\n", answer=safe_eval(expression),
-                    data={"expression": expression})
+        return Task(
+            prompt=f"Q: {expression}=\n", answer=safe_eval(expression), data={"expression": expression}
+        )
 
     def _step(self, task: Task, action: str) -> StepResult:
         call = _CALL.fullmatch(action)
@@ -55,16 +56,25 @@ class ToolsEnv(Env):
             try:
                 value = safe_eval(call.group(1))
             except UnsafeExpressionError as exc:
-                return StepResult(observation=f"<error>{exc}</error>\n", reward=0.0, done=False,
-                                  info={"tool_error": str(exc)})
-            return StepResult(observation=f"<result>{value}</result>\n", reward=0.0, done=False,
-                              info={"tool_result": value})
+                return StepResult(
+                    observation=f"<error>{exc}</error>\n",
+                    reward=0.0,
+                    done=False,
+                    info={"tool_error": str(exc)},
+                )
+            return StepResult(
+                observation=f"<result>{value}</result>\n", reward=0.0, done=False, info={"tool_result": value}
+            )
         if _ANSWER.fullmatch(action):
             stated = parse_integer_answer(action)
             reward = 1.0 if stated is not None and stated == task.answer else 0.0
             return StepResult(observation="", reward=reward, done=True, info={"parsed": stated})
-        return StepResult(observation="", reward=0.0, done=True,
-                          info={"error": "action is neither <calc>...</calc> nor <answer>...</answer>"})
+        return StepResult(
+            observation="",
+            reward=0.0,
+            done=True,
+            info={"error": "action is neither <calc>...</calc> nor <answer>...</answer>"},
+        )
 
     def _demonstrate(self, task: Task) -> list[str]:
         return [f"<calc>{task.data['expression']}</calc>", f"<answer>{task.answer}</answer>"]

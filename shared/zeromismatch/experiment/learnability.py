@@ -92,8 +92,11 @@ def cases() -> list[Arm]:
         Arm("tools_lag64", _tools(lag=64), "tool use, async at policy lag 64"),
         # the learner on fp32 master weights, the engine on per-channel FP8 weights re-quantized at every
         # weight update (`zm train --rollout-quant fp8`): RL must still learn across the format gap
-        Arm("tools_rollout_fp8", _tools(lag=0, rollout_quant="fp8"),
-            "tool use, sync; rollout on FP8 weights, learner on fp32 masters"),
+        Arm(
+            "tools_rollout_fp8",
+            _tools(lag=0, rollout_quant="fp8"),
+            "tool use, sync; rollout on FP8 weights, learner on fp32 masters",
+        ),
         Arm("code_repair", _code_repair(lag=0), "fix one line of a small function; sync"),
         Arm("desktop", _desktop(lag=0), "screens and actions (OSWorld stand-in); sync"),
     ]

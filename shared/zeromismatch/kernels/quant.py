@@ -196,7 +196,7 @@ def cached_dequantize(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Ten
     # gemm.py lives in the aligned package, whose dense.py imports this module
     from .weight_cache import cached_from_weights
 
-    tensors = (qweight.data, qweight.scales)
+    tensors: tuple[torch.Tensor, ...] = (qweight.data, qweight.scales)
     if qweight.global_scale is not None:
         tensors += (qweight.global_scale,)
     tag = ("dequantize", qweight.format, tuple(qweight.shape), qweight.block, dtype)

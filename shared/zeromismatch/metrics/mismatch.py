@@ -108,8 +108,9 @@ def logprob_diff_stats(rollout_logprobs, trainer_logprobs, mask=None) -> dict:
     accurate); tokens = number of compared tokens; identical = every selected value equal
     (``torch.equal`` when both have one dtype). Identical inputs give exactly 0.0 for all four.
     """
-    rollout, trainer = _select_pair(rollout_logprobs, trainer_logprobs, mask, "rollout_logprobs",
-                                    "trainer_logprobs")
+    rollout, trainer = _select_pair(
+        rollout_logprobs, trainer_logprobs, mask, "rollout_logprobs", "trainer_logprobs"
+    )
     if rollout.dtype == trainer.dtype:
         identical = bool(torch.equal(rollout, trainer))
     else:
@@ -164,8 +165,9 @@ def is_weight_stats(learner_logprobs, rollout_logprobs, mask=None) -> dict:
     ``peak_over_median`` = max rho / median rho, the "peak deviation" of S3 (1.0 when all weights
     are equal, e.g. exactly on-policy with aligned kernels). Also log_ratio_abs_max for overflow-safe reading.
     """
-    learner, rollout = _select_pair(learner_logprobs, rollout_logprobs, mask, "learner_logprobs",
-                                    "rollout_logprobs")
+    learner, rollout = _select_pair(
+        learner_logprobs, rollout_logprobs, mask, "learner_logprobs", "rollout_logprobs"
+    )
     log_ratio = learner.to(torch.float64) - rollout.to(torch.float64)
     ratio = torch.exp(log_ratio)
     median = _median(ratio)
@@ -284,8 +286,10 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if not (0 <= num_correct <= num_samples and 1 <= k <= num_samples):
-        raise ValueError(f"need 0 <= num_correct <= num_samples and 1 <= k <= num_samples, got "
-                         f"n={num_samples}, c={num_correct}, k={k}")
+        raise ValueError(
+            f"need 0 <= num_correct <= num_samples and 1 <= k <= num_samples, got "
+            f"n={num_samples}, c={num_correct}, k={k}"
+        )
     if num_samples - num_correct < k:
         return 1.0
     return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
@@ -327,8 +331,11 @@ class LogprobGapDecomposition:
     def stats(self) -> dict:
         """abs-mean, mean, abs-max of each term; kernel_share = kernel abs-mean / (sum of both abs-means)."""
         out: dict = {"tokens": int(self.total.numel())}
-        for name, term in (("total", self.total), ("weight_lag", self.weight_lag),
-                           ("kernel", self.kernel_mismatch)):
+        for name, term in (
+            ("total", self.total),
+            ("weight_lag", self.weight_lag),
+            ("kernel", self.kernel_mismatch),
+        ):
             out[f"{name}_abs_mean"] = float(term.abs().mean())
             out[f"{name}_mean"] = float(term.mean())
             out[f"{name}_abs_max"] = float(term.abs().max())
@@ -346,8 +353,9 @@ def decompose_logprob_gap(
     kernel_mismatch = l_at_v - l_rollout (same weights and tokens, two implementations: exactly 0
     with aligned kernels). The two float64 terms sum to ``total`` up to float64 rounding.
     """
-    now, at_version = _select_pair(learner_now, learner_at_rollout_version, mask, "learner_now",
-                                   "learner_at_rollout_version")
+    now, at_version = _select_pair(
+        learner_now, learner_at_rollout_version, mask, "learner_now", "learner_at_rollout_version"
+    )
     _, rollout_sel = _select_pair(learner_now, rollout, mask, "learner_now", "rollout")
     now, at_version, rollout_sel = (t.to(torch.float64) for t in (now, at_version, rollout_sel))
     return LogprobGapDecomposition(

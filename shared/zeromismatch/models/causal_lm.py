@@ -27,7 +27,7 @@ from torch import nn
 
 from ..kernels import get_kernels
 from ..kernels.base import KernelSet
-from ..kernels.host_reads import host_reads_for_checks
+from ..kernels.capture.allowed_host_reads import host_reads_for_checks
 from ..kernels.quant import check_kv_cache_dtype
 from .batch import ForwardBatch, ModelCache
 from .config import ModelConfig

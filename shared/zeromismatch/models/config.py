@@ -500,7 +500,10 @@ def _check_expert_groups(config: ModelConfig, bad) -> None:
     each scored by the sum of its two best experts, the best ``topk_group`` groups kept, then
     ``num_experts_per_tok`` experts chosen among them -- each step needs its own condition."""
     experts, groups, kept, top_k = (
-        config.num_experts, config.n_group, config.topk_group, config.num_experts_per_tok
+        config.num_experts,
+        config.n_group,
+        config.topk_group,
+        config.num_experts_per_tok,
     )
     if experts % groups:
         raise bad(f"n_group={groups} does not divide the {experts} routed experts")

@@ -52,7 +52,8 @@ class TrainedPolicy:
         tok = default_tokenizer()
         options = {k: v for k, v in env_options(self.config).items() if k != "step_latency_s"}
         env = make_env(self.config.env, **options)
-        seeds, batch = [], 0
+        seeds: list[int] = []
+        batch = 0
         while len(seeds) < count:
             seeds.extend(task_seeds_for_batch(self.config, batch))
             batch += 1

@@ -165,7 +165,9 @@ def _micro_batch(model, kernels, prompts, responses, sampling_params, mode, memb
     sequences = [torch.tensor(prompts[i] + responses[i][:-1], dtype=torch.int64) for i in members]
     batch = ForwardBatch.for_training(sequences)
     hidden = model.forward(batch, None)
-    rows, targets, row_params = [], [], []
+    rows: list[int] = []
+    targets: list[int] = []
+    row_params: list = []
     for offset, i in zip(batch.cu_seqlens_q[:-1].tolist(), members):
         start = offset + len(prompts[i]) - 1
         rows.extend(range(start, start + len(responses[i])))

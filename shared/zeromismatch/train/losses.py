@@ -371,8 +371,6 @@ def _proximal_logprobs(batch: PolicyBatch) -> torch.Tensor:
     return old.detach()
 
 
-
-
 def grpo(
     batch: PolicyBatch,
     clip_eps: float = 0.2,

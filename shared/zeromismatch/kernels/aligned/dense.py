@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from .. import collectives
 from ..base import QuantizedWeight
-from ..host_reads import host_reads_of_graph_constants
+from ..capture.allowed_host_reads import host_reads_of_graph_constants
 from ..quant import cached_dequantize
 from .gemm import row_invariant_linear, row_invariant_pieces
 

@@ -420,6 +420,7 @@ def row_invariant_pieces(x2d: torch.Tensor, weight: torch.Tensor, pieces: int) -
     tile = _tile_for(x2d.dtype)
     if tile:
         x_pieces = x2d.view(m, pieces, k).transpose(0, 1)
+
         def piece_call(w_piece):
             return lambda rows: _LINEAR(rows, w_piece, None, "none", [None], "")
 

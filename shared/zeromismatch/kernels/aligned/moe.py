@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ..host_reads import host_reads_for_checks
+from ..capture.allowed_host_reads import host_reads_for_checks
 from .dense import silu, vector_path
 from .gemm import linear_prepacked, packed_experts, row_invariant_linear
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ..host_reads import host_reads_for_checks
+from ..capture.allowed_host_reads import host_reads_for_checks
 from .dense import silu
 
 #: tokens per block whose h-independent terms (and readout) are computed together; no numeric effect

@@ -68,9 +68,8 @@ static inline float dot(const float *q, const void *k, int bf16, int64_t n) {
 
 /* one query row: scores over keys 0..pos, softmax, P @ V */
 static void attend_row(const float *qv, const void *k_rows, const void *v_rows, int k_bf16, int v_bf16,
-                       const int64_t *keys_of_seq, int64_t pos, int64_t k_stride, int64_t v_stride,
-                       int64_t k_off, int64_t v_off, int64_t dqk, int64_t dv, float scale,
-                       float *scores, float *o) {
+                       const int64_t *keys_of_seq, int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off,
+                       int64_t v_off, int64_t dqk, int64_t dv, float scale, float *scores, float *o) {
     const int64_t k_size = k_bf16 ? 2 : 4, v_size = v_bf16 ? 2 : 4;
     const char *kb = (const char *)k_rows, *vb = (const char *)v_rows;
     float m = -INFINITY;
@@ -141,8 +140,8 @@ static inline __attribute__((always_inline)) v16 load16(const char *row, int bf1
 static inline __attribute__((always_inline)) v16 lanes_tree16(const v16 a[16]) {
     v16 x[8], y[4], z[2];
     for (int t = 0; t < 8; t++) /* x[t]: lanes_tree's a8 of key 2t (lanes 0-7) and 2t+1 (8-15) */
-        x[t] = __builtin_shufflevector(a[2 * t], a[2 * t + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
-                                       22, 23) +
+        x[t] = __builtin_shufflevector(a[2 * t], a[2 * t + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22,
+                                       23) +
                __builtin_shufflevector(a[2 * t], a[2 * t + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28,
                                        29, 30, 31);
     for (int u = 0; u < 4; u++) /* y[u]: a4 of keys 4u .. 4u+3, four lanes each */
@@ -172,10 +171,10 @@ static inline __attribute__((always_inline)) void prefetch_row(const char *row, 
  * start at +0), or, once a score is nan, attend_row's: the last nan score. The sum l and P @ V
  * keep attend_row's ascending serial order. Keys past the last whole block take attend_row's
  * one-key path. */
-static inline __attribute__((always_inline)) void whole_scores(
-    const float *qv, const char *kb, const char *vb, const int k_bf16, const int v_bf16, const int64_t *keys,
-    int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off, int64_t v_off, int64_t dqk, int64_t dv,
-    float scale, const int prefetch, float *scores) {
+static inline __attribute__((always_inline)) void
+whole_scores(const float *qv, const char *kb, const char *vb, const int k_bf16, const int v_bf16,
+             const int64_t *keys, int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off, int64_t v_off,
+             int64_t dqk, int64_t dv, float scale, const int prefetch, float *scores) {
     const int64_t k_size = k_bf16 ? 2 : 4, v_size = v_bf16 ? 2 : 4, n_keys = pos + 1;
     const int64_t k_bytes = dqk * k_size, v_bytes = dv * v_size;
     for (int64_t j = 0; prefetch && j < LANES && j < n_keys; j++)
@@ -240,10 +239,9 @@ static inline __attribute__((always_inline)) void whole_scores(
 /* attend_row's l and P @ V for one row's exponentiated scores -- or for two rows of the same keys at
  * once (GQA: query heads sharing a KV head), each V chunk loaded once for both; every row's sums are
  * its own, in attend_row's order, so pairing changes no bit */
-static inline __attribute__((always_inline)) void whole_output(const char *vb, const int v_bf16, const int64_t *keys,
-                                                               int64_t n_keys, int64_t v_stride, int64_t v_off,
-                                                               int64_t dv, const float *scores, float *o,
-                                                               const float *scores2, float *o2) {
+static inline __attribute__((always_inline)) void
+whole_output(const char *vb, const int v_bf16, const int64_t *keys, int64_t n_keys, int64_t v_stride,
+             int64_t v_off, int64_t dv, const float *scores, float *o, const float *scores2, float *o2) {
     const int64_t v_size = v_bf16 ? 2 : 4;
     /* l, attend_row's ascending sum, is taken inside the first pass over V: its chain of dependent
      * additions then overlaps that pass instead of running alone (~10 % of a decode call) */
@@ -292,10 +290,11 @@ static inline __attribute__((always_inline)) void whole_output(const char *vb, c
 }
 
 /* attend_row for one row (qv2 NULL) or two rows of the same keys and position, in whole chunks */
-static inline __attribute__((always_inline)) void attend_rows_whole(
-    const float *qv, const float *qv2, const char *kb, const char *vb, const int k_bf16, const int v_bf16,
-    const int64_t *keys, int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off, int64_t v_off, int64_t dqk,
-    int64_t dv, float scale, const int prefetch, float *scores, float *scores2, float *o, float *o2) {
+static inline __attribute__((always_inline)) void
+attend_rows_whole(const float *qv, const float *qv2, const char *kb, const char *vb, const int k_bf16,
+                  const int v_bf16, const int64_t *keys, int64_t pos, int64_t k_stride, int64_t v_stride,
+                  int64_t k_off, int64_t v_off, int64_t dqk, int64_t dv, float scale, const int prefetch,
+                  float *scores, float *scores2, float *o, float *o2) {
     whole_scores(qv, kb, vb, k_bf16, v_bf16, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale, prefetch,
                  scores);
     if (qv2) /* its keys are in cache now: no prefetching */
@@ -308,11 +307,11 @@ static inline __attribute__((always_inline)) void attend_rows_whole(
  * the compiler drops the dtype branches) */
 static void attend(const float *qv, const float *qv2, const void *k_rows, const void *v_rows, int k_bf16,
                    int v_bf16, const int64_t *keys, int64_t pos, int64_t k_stride, int64_t v_stride, int64_t k_off,
-                   int64_t v_off, int64_t dqk, int64_t dv, float scale, int prefetch, float *scores, float *scores2,
-                   float *o, float *o2) {
+                   int64_t v_off, int64_t dqk, int64_t dv, float scale, int prefetch, float *scores,
+                   float *scores2, float *o, float *o2) {
     const char *kb = (const char *)k_rows, *vb = (const char *)v_rows;
-#define ZM_WHOLE(KB, VB)                                                                                            \
-    attend_rows_whole(qv, qv2, kb, vb, KB, VB, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale,         \
+#define ZM_WHOLE(KB, VB)                                                                                    \
+    attend_rows_whole(qv, qv2, kb, vb, KB, VB, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale, \
                       prefetch, scores, scores2, o, o2)
     if (dqk % LANES == 0 && dv % (4 * LANES) == 0) {
         if (!k_bf16 && !v_bf16) ZM_WHOLE(0, 0);
@@ -325,8 +324,8 @@ static void attend(const float *qv, const float *qv2, const void *k_rows, const 
     attend_row(qv, k_rows, v_rows, k_bf16, v_bf16, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale,
                scores, o);
     if (qv2)
-        attend_row(qv2, k_rows, v_rows, k_bf16, v_bf16, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv, scale,
-                   scores, o2);
+        attend_row(qv2, k_rows, v_rows, k_bf16, v_bf16, keys, pos, k_stride, v_stride, k_off, v_off, dqk, dv,
+                   scale, scores, o2);
 }
 
 /* one zm_attention call's operands (below) */
@@ -432,11 +431,29 @@ int zm_attention(const float *q, int64_t q_stride, const void *k_rows, const voi
     for (int64_t s = 0; s < n_seq; s++) max_q_rows = q_len[s] * group > max_q_rows ? q_len[s] * group : max_q_rows;
     /* (designated: 22 fields, several of one type, where a positional slip would still compile) */
     const struct attention_call c = {
-        .q = q, .q_stride = q_stride, .k_rows = k_rows, .v_rows = v_rows, .k_bf16 = k_bf16, .v_bf16 = v_bf16,
-        .key_index = key_index, .block_table = block_table, .q_start = q_start, .q_len = q_len,
-        .kv_len = kv_len, .key_stride = key_stride, .block_size = block_size, .num_blocks = num_blocks,
-        .hq = hq, .hkv = hkv, .dqk = dqk, .dv = dv, .group = group, .max_kv = max_kv,
-        .max_q_rows = max_q_rows, .scale = scale, .out = out,
+        .q = q,
+        .q_stride = q_stride,
+        .k_rows = k_rows,
+        .v_rows = v_rows,
+        .k_bf16 = k_bf16,
+        .v_bf16 = v_bf16,
+        .key_index = key_index,
+        .block_table = block_table,
+        .q_start = q_start,
+        .q_len = q_len,
+        .kv_len = kv_len,
+        .key_stride = key_stride,
+        .block_size = block_size,
+        .num_blocks = num_blocks,
+        .hq = hq,
+        .hkv = hkv,
+        .dqk = dqk,
+        .dv = dv,
+        .group = group,
+        .max_kv = max_kv,
+        .max_q_rows = max_q_rows,
+        .scale = scale,
+        .out = out,
     };
     int failed = 0;
     if (zm_serial(n_threads, n_seq * hkv, 2)) {

@@ -31,7 +31,7 @@ import torch
 
 from ..aligned import attention as aligned_attention
 from ..aligned.attention import _cached_plan, _check_offsets, check_packed_inputs, check_paged_inputs
-from ..host_reads import host_reads_for_checks
+from ..capture.allowed_host_reads import host_reads_for_checks
 from . import _build
 from ._autograd import native_with_reference_backward
 from ._device import CPU, require_cpu

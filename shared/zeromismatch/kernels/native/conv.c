@@ -37,8 +37,7 @@ static inline void conv_sequence(const void *x, int bf16, int64_t x_stride, int6
     for (int64_t t = 0; t < len; t++) {
         v16 xin = {0};
         const int64_t row = (start + t) * x_stride + c0;
-        if (!bf16 && n == LANES)
-            memcpy(&xin, (const float *)x + row, sizeof xin);
+        if (!bf16 && n == LANES) memcpy(&xin, (const float *)x + row, sizeof xin);
         else
             for (int64_t l = 0; l < n; l++) xin[l] = zm_load(x, bf16, row + l);
         v16 acc = hist[0] * w[0];
@@ -46,8 +45,7 @@ static inline void conv_sequence(const void *x, int bf16, int64_t x_stride, int6
         acc = acc + xin * w[hist_len];
         if (has_bias) acc = acc + b;
         if (silu) acc = zm_silu16(acc);
-        if (!bf16 && n == LANES)
-            memcpy((float *)y + (start + t) * channels + c0, &acc, sizeof acc);
+        if (!bf16 && n == LANES) memcpy((float *)y + (start + t) * channels + c0, &acc, sizeof acc);
         else
             for (int64_t l = 0; l < n; l++) zm_store(y, bf16, (start + t) * channels + c0 + l, acc[l]);
         for (int64_t i = 0; i + 1 < hist_len; i++) hist[i] = hist[i + 1];
@@ -103,7 +101,7 @@ int zm_causal_conv1d(const void *x, int bf16, int64_t x_stride, int64_t channels
     }
 #pragma omp parallel for num_threads(n_threads) schedule(static)
     for (int64_t chunk = 0; chunk < chunks; chunk++)
-        conv_chunk(x, bf16, x_stride, channels, weight, width, bias, cu, n_seq, state, state_index, has_state, silu,
-                   y, new_state, chunk);
+        conv_chunk(x, bf16, x_stride, channels, weight, width, bias, cu, n_seq, state, state_index, has_state,
+                   silu, y, new_state, chunk);
     return 0;
 }

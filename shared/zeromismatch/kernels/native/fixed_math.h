@@ -30,8 +30,8 @@ typedef float v4 __attribute__((vector_size(16), aligned(4)));
 
 /* the 16 lanes summed in a fixed tree: i + (i+8), then i + (i+4), i + (i+2), then 0 + 1 */
 static inline float lanes_tree(v16 a) {
-    const v8 a8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7)
-                  + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v8 a8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
     const v4 a4 = __builtin_shufflevector(a8, a8, 0, 1, 2, 3) + __builtin_shufflevector(a8, a8, 4, 5, 6, 7);
     const float a0 = a4[0] + a4[2], a1 = a4[1] + a4[3];
     return a0 + a1;
@@ -44,7 +44,7 @@ static inline float lanes_tree(v16 a) {
  * Horner form, scaled by 2^n through the exponent bits. Pure mul/add/compare: vectorizable
  * and the same bits in every lane. */
 static inline float zm_exp(float x) {
-    if (x != x) return x;            /* nan: a nan score must reach the output, as in torch */
+    if (x != x) return x; /* nan: a nan score must reach the output, as in torch */
     if (!(x > -87.0f)) return 0.0f; /* also -inf (masked keys) */
     /* round to nearest even by the 1.5 * 2^23 trick (|x * log2 e| < 2^22 here) */
     float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -115,10 +115,8 @@ static inline float bf16_to_f32(uint16_t h) {
 static inline float zm_round_bf16(float v) {
     uint32_t bits;
     memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u)
-        bits = (bits | 0x00400000u) & 0xffff0000u;
-    else
-        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    if ((bits & 0x7fffffffu) > 0x7f800000u) bits = (bits | 0x00400000u) & 0xffff0000u;
+    else bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
     memcpy(&v, &bits, sizeof v);
     return v;
 }
@@ -154,10 +152,8 @@ static inline float zm_load(const void *base, int bf16, int64_t i) {
 
 /* v into element i of an fp32 buffer, or of a bf16 one as torch's cast rounds it */
 static inline void zm_store(void *base, int bf16, int64_t i, float v) {
-    if (bf16)
-        ((uint16_t *)base)[i] = zm_torch_bf16(v);
-    else
-        ((float *)base)[i] = v;
+    if (bf16) ((uint16_t *)base)[i] = zm_torch_bf16(v);
+    else ((float *)base)[i] = v;
 }
 
 #endif

@@ -29,8 +29,8 @@
 #include "threads.h"
 
 #define PANEL 16 /* output columns per panel: one 512-bit vector of fp32 accumulators */
-#define NV 4     /* panels per register block (gemm.py pads the panel count to a multiple) */
-#define MR 6     /* x rows per register block */
+#define NV 4 /* panels per register block (gemm.py pads the panel count to a multiple) */
+#define MR 6 /* x rows per register block */
 
 /* ---- portable path: the rule, one output at a time ------------------------------------------ */
 static inline float flush(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
@@ -49,8 +49,8 @@ static inline float dot_step(float a, float b, float acc) {
     return flush(r);
 }
 
-static void block_c(const void *const *xr, int mr, const void *wp, int64_t ps, int is_bf16, int64_t kp,
-                    float *out, int64_t ldo, int rnd) {
+static void block_c(const void *const *xr, int mr, const void *wp, int64_t ps, int is_bf16, int64_t kp, float *out,
+                    int64_t ldo, int rnd) {
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < NV; j++)
             for (int c = 0; c < PANEL; c++) {
@@ -83,23 +83,23 @@ static inline __m512 round_bf16_v(__m512 v) {
     return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-#define ZM_F32(R)                                                                                          \
-    static inline __attribute__((always_inline)) void f32_##R(const float *const *xr, const float *wp,     \
-                                                              int64_t ps, int64_t kp, float *out, int64_t ldo, int rnd) { \
-        __m512 acc[R][NV];                                                                                 \
-        for (int i = 0; i < R; i++)                                                                        \
-            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();                                  \
-        for (int64_t k = 0; k < kp; k++) {                                                                 \
-            __m512 wv[NV];                                                                                 \
-            for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_ps(wp + j * ps + k * PANEL);                 \
-            for (int i = 0; i < R; i++) {                                                                  \
-                const __m512 xb = _mm512_set1_ps(xr[i][k]);                                                \
-                for (int j = 0; j < NV; j++) acc[i][j] = _mm512_fmadd_ps(xb, wv[j], acc[i][j]);            \
-            }                                                                                              \
-        }                                                                                                  \
-        for (int i = 0; i < R; i++)                                                                        \
-            for (int j = 0; j < NV; j++)                                                                   \
-                _mm512_storeu_ps(out + i * ldo + j * PANEL, rnd ? round_bf16_v(acc[i][j]) : acc[i][j]);    \
+#define ZM_F32(R)                                                                                            \
+    static inline __attribute__((always_inline)) void f32_##R(                                               \
+        const float *const *xr, const float *wp, int64_t ps, int64_t kp, float *out, int64_t ldo, int rnd) { \
+        __m512 acc[R][NV];                                                                                   \
+        for (int i = 0; i < R; i++)                                                                          \
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();                                    \
+        for (int64_t k = 0; k < kp; k++) {                                                                   \
+            __m512 wv[NV];                                                                                   \
+            for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_ps(wp + j * ps + k * PANEL);                   \
+            for (int i = 0; i < R; i++) {                                                                    \
+                const __m512 xb = _mm512_set1_ps(xr[i][k]);                                                  \
+                for (int j = 0; j < NV; j++) acc[i][j] = _mm512_fmadd_ps(xb, wv[j], acc[i][j]);              \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int i = 0; i < R; i++)                                                                          \
+            for (int j = 0; j < NV; j++)                                                                     \
+                _mm512_storeu_ps(out + i * ldo + j * PANEL, rnd ? round_bf16_v(acc[i][j]) : acc[i][j]);      \
     }
 ZM_F32(1)
 ZM_F32(2)
@@ -119,25 +119,26 @@ static inline __m512 round_bf16_normal_v(__m512 v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-#define ZM_BF16(R)                                                                                         \
-    static inline __attribute__((always_inline)) void bf16_##R(const uint16_t *const *xr, const uint16_t *wp, \
-                                                               int64_t ps, int64_t kp, float *out, int64_t ldo, int rnd) { \
-        __m512 acc[R][NV];                                                                                 \
-        for (int i = 0; i < R; i++)                                                                        \
-            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();                                  \
-        for (int64_t q = 0; q < kp / 2; q++) {                                                             \
-            __m512bh wv[NV];                                                                               \
-            for (int j = 0; j < NV; j++) wv[j] = (__m512bh)_mm512_loadu_si512(wp + j * ps + q * 2 * PANEL);\
-            for (int i = 0; i < R; i++) {                                                                  \
-                int32_t pair;                                                                              \
-                memcpy(&pair, xr[i] + 2 * q, sizeof pair);                                                 \
-                const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);                                     \
-                for (int j = 0; j < NV; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xb, wv[j]);           \
-            }                                                                                              \
-        }                                                                                                  \
-        for (int i = 0; i < R; i++)                                                                        \
-            for (int j = 0; j < NV; j++)                                                                   \
-                _mm512_storeu_ps(out + i * ldo + j * PANEL, rnd ? round_bf16_normal_v(acc[i][j]) : acc[i][j]);    \
+#define ZM_BF16(R)                                                                                              \
+    static inline __attribute__((always_inline)) void bf16_##R(const uint16_t *const *xr, const uint16_t *wp,   \
+                                                               int64_t ps, int64_t kp, float *out, int64_t ldo, \
+                                                               int rnd) {                                       \
+        __m512 acc[R][NV];                                                                                      \
+        for (int i = 0; i < R; i++)                                                                             \
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();                                       \
+        for (int64_t q = 0; q < kp / 2; q++) {                                                                  \
+            __m512bh wv[NV];                                                                                    \
+            for (int j = 0; j < NV; j++) wv[j] = (__m512bh)_mm512_loadu_si512(wp + j * ps + q * 2 * PANEL);     \
+            for (int i = 0; i < R; i++) {                                                                       \
+                int32_t pair;                                                                                   \
+                memcpy(&pair, xr[i] + 2 * q, sizeof pair);                                                      \
+                const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);                                          \
+                for (int j = 0; j < NV; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xb, wv[j]);                \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int i = 0; i < R; i++)                                                                             \
+            for (int j = 0; j < NV; j++)                                                                        \
+                _mm512_storeu_ps(out + i * ldo + j * PANEL, rnd ? round_bf16_normal_v(acc[i][j]) : acc[i][j]);  \
     }
 ZM_BF16(1)
 ZM_BF16(2)
@@ -150,18 +151,18 @@ ZM_BF16(6)
 /* the register-block variant for mr rows (1..MR): KERNEL##_mr(x, w, ps, kp, out, ldo, rnd), inlined
  * with rnd a constant (a runtime rnd in the kernel cost the unrounded calls ~10%) */
 #define ZM_CALL(K) (rnd ? K(x, w, ps, kp, out, ldo, 1) : K(x, w, ps, kp, out, ldo, 0))
-#define ZM_DISPATCH(KERNEL, X_TYPE, W_TYPE)                                                               \
-    do {                                                                                                  \
-        const X_TYPE *const *x = (const X_TYPE *const *)xr;                                               \
-        const W_TYPE *w = (const W_TYPE *)wp;                                                             \
-        switch (mr) {                                                                                     \
-        case 6: ZM_CALL(KERNEL##_6); return;                                          \
-        case 5: ZM_CALL(KERNEL##_5); return;                                          \
-        case 4: ZM_CALL(KERNEL##_4); return;                                          \
-        case 3: ZM_CALL(KERNEL##_3); return;                                          \
-        case 2: ZM_CALL(KERNEL##_2); return;                                          \
-        default: ZM_CALL(KERNEL##_1); return;                                         \
-        }                                                                                                 \
+#define ZM_DISPATCH(KERNEL, X_TYPE, W_TYPE)                 \
+    do {                                                    \
+        const X_TYPE *const *x = (const X_TYPE *const *)xr; \
+        const W_TYPE *w = (const W_TYPE *)wp;               \
+        switch (mr) {                                       \
+        case 6: ZM_CALL(KERNEL##_6); return;                \
+        case 5: ZM_CALL(KERNEL##_5); return;                \
+        case 4: ZM_CALL(KERNEL##_4); return;                \
+        case 3: ZM_CALL(KERNEL##_3); return;                \
+        case 2: ZM_CALL(KERNEL##_2); return;                \
+        default: ZM_CALL(KERNEL##_1); return;               \
+        }                                                   \
     } while (0)
 
 static void block(const void *const *xr, int mr, const void *wp, int64_t ps, int is_bf16, int64_t kp, float *out,
@@ -234,7 +235,8 @@ static void panel_block(const struct gemm_call *c, int64_t nb) {
         for (int64_t p = 0; p < c->pieces; p++) {
             const char *wblk = (const char *)c->wp + (size_t)(nb * NV * c->ps + p * c->kp * PANEL) * elem;
             const void *xr[MR];
-            for (int i = 0; i < mr; i++) xr[i] = (const char *)c->x + (size_t)((m0 + i) * c->ldx + p * c->kp) * elem;
+            for (int i = 0; i < mr; i++)
+                xr[i] = (const char *)c->x + (size_t)((m0 + i) * c->ldx + p * c->kp) * elem;
             float *t = tile[c->reduce ? p : 0];
             block(xr, mr, wblk, c->ps, c->is_bf16, c->kp, t, NV * PANEL, c->round_bf16);
             if (!c->reduce) {
@@ -246,24 +248,36 @@ static void panel_block(const struct gemm_call *c, int64_t nb) {
             tree_sum_tiles(tile, tiles, mr * NV * PANEL);
             for (int i = 0; i < mr; i++) {
                 if (c->out_bf16)
-                    store_bf16((uint16_t *)c->out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols, c->nan_bits);
-                else
-                    memcpy((float *)c->out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols * sizeof(float));
+                    store_bf16((uint16_t *)c->out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols,
+                               c->nan_bits);
+                else memcpy((float *)c->out + (m0 + i) * n + c0, tile[0] + i * NV * PANEL, ncols * sizeof(float));
             }
         }
     }
 }
 
-static int panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16, int64_t m,
-                      int64_t n, int64_t pieces, int round_bf16, int reduce, void *out, int out_bf16,
+static int panel_gemm(const void *x, int64_t ldx, const void *wp, int64_t npanels, int64_t k, int is_bf16,
+                      int64_t m, int64_t n, int64_t pieces, int round_bf16, int reduce, void *out, int out_bf16,
                       uint16_t nan_bits, int threads) {
     if (pieces < 1 || k % pieces != 0 || (is_bf16 && (k / pieces) % 2 != 0) ||
         (reduce && pieces > ZM_MAX_TREE_PIECES) || (out_bf16 && !reduce))
         return 1;
     const struct gemm_call call = {
-        .x = x, .wp = wp, .out = out, .ldx = ldx, .k = k, .m = m, .n = n, .pieces = pieces,
-        .kp = k / pieces, .ps = k * PANEL, .is_bf16 = is_bf16, .round_bf16 = round_bf16,
-        .reduce = reduce, .out_bf16 = out_bf16, .nan_bits = nan_bits,
+        .x = x,
+        .wp = wp,
+        .out = out,
+        .ldx = ldx,
+        .k = k,
+        .m = m,
+        .n = n,
+        .pieces = pieces,
+        .kp = k / pieces,
+        .ps = k * PANEL,
+        .is_bf16 = is_bf16,
+        .round_bf16 = round_bf16,
+        .reduce = reduce,
+        .out_bf16 = out_bf16,
+        .nan_bits = nan_bits,
     };
     const int64_t nblocks = npanels / NV;
     if (zm_serial(threads, nblocks, 2)) {

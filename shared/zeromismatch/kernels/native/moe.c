@@ -23,7 +23,6 @@
 #include "fixed_math.h"
 #include "entry_points.h"
 
-
 static inline float round_as(int bf16, float v) { return bf16 ? zm_round_bf16(v) : v; }
 
 /* an fp32 value already rounded to bf16, as its bf16 bits */
@@ -37,8 +36,7 @@ static inline uint16_t bf16_bits(float v) {
 static void store_row(void *dst, int as_bf16, const float *src, int64_t n) {
     if (as_bf16)
         for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = bf16_bits(src[i]);
-    else
-        memcpy(dst, src, sizeof(float) * n);
+    else memcpy(dst, src, sizeof(float) * n);
 }
 
 /* x [T, H] (x_bf16 ? bf16 : fp32), ids / weights [T, top_k] (int64 / fp32), packed weights of
@@ -49,8 +47,8 @@ static void store_row(void *dst, int as_bf16, const float *src, int64_t n) {
 int zm_moe_experts(const void *x, int x_bf16, int64_t tokens, int64_t hidden, const int64_t *ids,
                    const float *weights, int64_t top_k, int64_t experts, int64_t inter, int gated,
                    const void *up_panels, int64_t up_stride, int64_t up_npanels, int up_bf16,
-                   const void *down_panels, int64_t down_stride, int64_t down_npanels, int down_bf16,
-                   float *out, int threads) {
+                   const void *down_panels, int64_t down_stride, int64_t down_npanels, int down_bf16, float *out,
+                   int threads) {
     const int64_t pairs = tokens * top_k, width = gated ? 2 * inter : inter;
     const size_t up_elem = up_bf16 ? 2 : 4, down_elem = down_bf16 ? 2 : 4, x_elem = x_bf16 ? 2 : 4;
     int64_t *count = calloc((size_t)experts + 1, sizeof(int64_t));
@@ -75,8 +73,7 @@ int zm_moe_experts(const void *x, int x_bf16, int64_t tokens, int64_t hidden, co
             const int64_t t = order[r] / top_k;
             const char *src = (const char *)x + (size_t)(t * hidden) * x_elem;
             char *dst = rows_in + (size_t)(r * hidden) * up_elem;
-            if (up_bf16 || !x_bf16)
-                memcpy(dst, src, x_elem * (size_t)hidden);
+            if (up_bf16 || !x_bf16) memcpy(dst, src, x_elem * (size_t)hidden);
             else
                 for (int64_t i = 0; i < hidden; i++) ((float *)dst)[i] = bf16_to_f32(((const uint16_t *)src)[i]);
         }

@@ -73,12 +73,9 @@ static inline void rms_norm_row(const void *x, int x_bf16, int64_t rows_b, int64
     for (int64_t g = 0; g < h; g += group) {
         const char *xg = xr + g * x_size;
         const float r = 1.0f / sqrtf(sum_of_squares(xg, x_bf16, group) / inv_count + eps);
-        if (!x_bf16 && !n_bf16 && !w_bf16 && !out_bf16)
-            scale_row(xg, r, weight, orow, g, group, 0, 0, 0, 0);
-        else if (x_bf16 && n_bf16 && w_bf16 && out_bf16)
-            scale_row(xg, r, weight, orow, g, group, 1, 1, 1, 1);
-        else
-            scale_row(xg, r, weight, orow, g, group, x_bf16, n_bf16, w_bf16, out_bf16);
+        if (!x_bf16 && !n_bf16 && !w_bf16 && !out_bf16) scale_row(xg, r, weight, orow, g, group, 0, 0, 0, 0);
+        else if (x_bf16 && n_bf16 && w_bf16 && out_bf16) scale_row(xg, r, weight, orow, g, group, 1, 1, 1, 1);
+        else scale_row(xg, r, weight, orow, g, group, x_bf16, n_bf16, w_bf16, out_bf16);
     }
 }
 
@@ -86,24 +83,25 @@ static inline void rms_norm_row(const void *x, int x_bf16, int64_t rows_b, int64
  * groups of `group` values (group divides h) are normalized separately, all by weight[0..h);
  * n_bf16: round the normalized values to bf16 before the weight.
  * out: contiguous [rows_a * rows_b, h] of out_bf16 ? bf16 : fp32. */
-void zm_rms_norm(const void *x, int x_bf16, int64_t rows_a, int64_t rows_b, int64_t stride_a,
-                 int64_t stride_b, int64_t h, int64_t group, int n_bf16, const void *weight, int w_bf16,
-                 float eps, void *out, int out_bf16, int n_threads) {
+void zm_rms_norm(const void *x, int x_bf16, int64_t rows_a, int64_t rows_b, int64_t stride_a, int64_t stride_b,
+                 int64_t h, int64_t group, int n_bf16, const void *weight, int w_bf16, float eps, void *out,
+                 int out_bf16, int n_threads) {
     const int64_t rows = rows_a * rows_b;
     if (zm_serial(n_threads, rows * h, 1 << 16)) {
         for (int64_t row = 0; row < rows; row++)
-            rms_norm_row(x, x_bf16, rows_b, stride_a, stride_b, h, group, n_bf16, weight, w_bf16, eps, out, out_bf16,
-                         row);
+            rms_norm_row(x, x_bf16, rows_b, stride_a, stride_b, h, group, n_bf16, weight, w_bf16, eps, out,
+                         out_bf16, row);
         return;
     }
 #pragma omp parallel for num_threads(n_threads) schedule(static)
     for (int64_t row = 0; row < rows; row++)
-        rms_norm_row(x, x_bf16, rows_b, stride_a, stride_b, h, group, n_bf16, weight, w_bf16, eps, out, out_bf16, row);
+        rms_norm_row(x, x_bf16, rows_b, stride_a, stride_b, h, group, n_bf16, weight, w_bf16, eps, out, out_bf16,
+                     row);
 }
 
 /* one (token, head) row; inlined with constant bf16 / interleaved so each variant vectorizes */
-static inline void rope_row(const char *xr, char *orow, const float *cos_row, const float *sin_row,
-                            int64_t half, const int bf16, const int interleaved) {
+static inline void rope_row(const char *xr, char *orow, const float *cos_row, const float *sin_row, int64_t half,
+                            const int bf16, const int interleaved) {
     for (int64_t i = 0; i < half; i++) {
         const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
         const float a = zm_load(xr, bf16, ia), b = zm_load(xr, bf16, ib), c = cos_row[i], s = sin_row[i];
@@ -122,9 +120,11 @@ static inline void rope_token_head(const void *x, int bf16, int64_t heads, int64
     char *orow = (char *)out + row * 2 * half * size;
     const float *cos_row = table + positions[t] * 2 * half, *sin_row = cos_row + half;
     if (bf16)
-        interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 1, 1) : rope_row(xr, orow, cos_row, sin_row, half, 1, 0);
+        interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 1, 1)
+                    : rope_row(xr, orow, cos_row, sin_row, half, 1, 0);
     else
-        interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 0, 1) : rope_row(xr, orow, cos_row, sin_row, half, 0, 0);
+        interleaved ? rope_row(xr, orow, cos_row, sin_row, half, 0, 1)
+                    : rope_row(xr, orow, cos_row, sin_row, half, 0, 0);
 }
 
 /* x: [T, H, 2*half] rows at x + t * stride_t + hd * stride_h (elements, unit inner stride);
@@ -139,7 +139,8 @@ int zm_rope(const void *x, int bf16, int64_t tokens, int64_t heads, int64_t stri
     const int64_t size = bf16 ? 2 : 4, d = 2 * half;
     if (zm_serial(n_threads, tokens * heads * d, 1 << 16)) {
         for (int64_t row = 0; row < tokens * heads; row++)
-            rope_token_head(x, bf16, heads, stride_t, stride_h, half, positions, table, interleaved, out, size, row);
+            rope_token_head(x, bf16, heads, stride_t, stride_h, half, positions, table, interleaved, out, size,
+                            row);
         return 0;
     }
 #pragma omp parallel for num_threads(n_threads) schedule(static)

@@ -55,18 +55,18 @@ static int parse(const char *name, PyObject *const *args, Py_ssize_t nargs, cons
 
 /* DEFINE(name, sig, statement, is_void): a METH_FASTCALL wrapper running the statement (which sets rc
  * for a function returning int) without the GIL; it returns rc, or None for a void function */
-#define DEFINE(NAME, SIG, STATEMENT, IS_VOID)                                                         \
-    static const char sig_##NAME[] = SIG;                                                              \
-    _Static_assert(sizeof(SIG) - 1 <= MAX_ARGS, #NAME " takes more than MAX_ARGS arguments");         \
-    static PyObject *py_##NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {              \
-        int64_t a[MAX_ARGS];                                                                           \
-        double f[MAX_ARGS];                                                                            \
-        int rc = 0;                                                                                    \
-        (void)self;                                                                                    \
-        if (parse(#NAME, args, nargs, sig_##NAME, a, f)) return NULL;                                  \
-        Py_BEGIN_ALLOW_THREADS STATEMENT;                                                              \
-        Py_END_ALLOW_THREADS if (IS_VOID) Py_RETURN_NONE;                                              \
-        return PyLong_FromLong(rc);                                                                    \
+#define DEFINE(NAME, SIG, STATEMENT, IS_VOID)                                                 \
+    static const char sig_##NAME[] = SIG;                                                     \
+    _Static_assert(sizeof(SIG) - 1 <= MAX_ARGS, #NAME " takes more than MAX_ARGS arguments"); \
+    static PyObject *py_##NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {     \
+        int64_t a[MAX_ARGS];                                                                  \
+        double f[MAX_ARGS];                                                                   \
+        int rc = 0;                                                                           \
+        (void)self;                                                                           \
+        if (parse(#NAME, args, nargs, sig_##NAME, a, f)) return NULL;                         \
+        Py_BEGIN_ALLOW_THREADS STATEMENT;                                                     \
+        Py_END_ALLOW_THREADS if (IS_VOID) Py_RETURN_NONE;                                     \
+        return PyLong_FromLong(rc);                                                           \
     }
 #define DEFINE_INT(NAME, SIG, CALL) DEFINE(NAME, SIG, rc = CALL, 0)
 #define DEFINE_VOID(NAME, SIG, CALL) DEFINE(NAME, SIG, CALL, 1)
@@ -122,16 +122,17 @@ static PyObject *bind_torch(PyObject *self, PyObject *const *args, Py_ssize_t na
                                          "is_grad_enabled, get_num_threads, cpu_device)");
         return NULL;
     }
-    PyObject **slots[] = {&torch_refs.tensor_type,  &torch_refs.f32,         &torch_refs.bf16,
-                          &torch_refs.empty_like,   &torch_refs.empty,       &torch_refs.grad_enabled,
-                          &torch_refs.num_threads,  &torch_refs.cpu};
+    PyObject **slots[] = {&torch_refs.tensor_type, &torch_refs.f32,   &torch_refs.bf16,
+                          &torch_refs.empty_like,  &torch_refs.empty, &torch_refs.grad_enabled,
+                          &torch_refs.num_threads, &torch_refs.cpu};
     for (int j = 0; j < 8; j++) {
         Py_INCREF(args[j]);
         Py_XSETREF(*slots[j], args[j]);
     }
     const char *names[] = {"shape", "dtype", "is_cpu", "is_neg", "requires_grad", "stride", "data_ptr"};
-    PyObject **name_slots[] = {&torch_refs.shape,         &torch_refs.dtype,  &torch_refs.is_cpu,  &torch_refs.is_neg,
-                               &torch_refs.requires_grad, &torch_refs.stride, &torch_refs.data_ptr};
+    PyObject **name_slots[] = {&torch_refs.shape,   &torch_refs.dtype,         &torch_refs.is_cpu,
+                               &torch_refs.is_neg,  &torch_refs.requires_grad, &torch_refs.stride,
+                               &torch_refs.data_ptr};
     for (int j = 0; j < 7; j++)
         if (!*name_slots[j] && !(*name_slots[j] = PyUnicode_InternFromString(names[j]))) return NULL;
     if (!torch_refs.empty_kwnames && !(torch_refs.empty_kwnames = Py_BuildValue("(ss)", "dtype", "device")))
@@ -241,24 +242,37 @@ static PyObject *silu_mul_tensors(PyObject *self, PyObject *const *args, Py_ssiz
         Py_DECREF(out);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS zm_silu_mul((const void *)(intptr_t)g, (const void *)(intptr_t)u, dtype == torch_refs.bf16,
-                                       rows, cols, g_stride, u_stride, (void *)(intptr_t)o, (int)threads);
+    Py_BEGIN_ALLOW_THREADS zm_silu_mul((const void *)(intptr_t)g, (const void *)(intptr_t)u,
+                                       dtype == torch_refs.bf16, rows, cols, g_stride, u_stride,
+                                       (void *)(intptr_t)o, (int)threads);
     Py_END_ALLOW_THREADS return out;
 }
 
 /* each function's docstring is its signature string, which _build.SIGNATURES must equal (tested) */
 #define METHOD(NAME) {#NAME, (PyCFunction)(void (*)(void))py_##NAME, METH_FASTCALL, sig_##NAME}
 static PyMethodDef methods[] = {
-    METHOD(zm_panel_gemm), METHOD(zm_attention),     METHOD(zm_ssm_scan),      METHOD(zm_rms_norm),
-    METHOD(zm_rope),       METHOD(zm_moe_experts),   METHOD(zm_causal_conv1d), METHOD(zm_uniform_rows),
-    METHOD(zm_silu_mul),   METHOD(zm_panel_gemm_reduced), METHOD(zm_copy_rows), METHOD(zm_add_f32),
-    METHOD(zm_moe_route),  METHOD(zm_copy_strided), METHOD(zm_race_argmax),
-    {"bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_FASTCALL, "torch's objects for the tensor-level calls"},
-    {"silu_mul_tensors", (PyCFunction)(void (*)(void))silu_mul_tensors, METH_FASTCALL, "swiglu.py's silu_mul, or None"},
+    METHOD(zm_panel_gemm),
+    METHOD(zm_attention),
+    METHOD(zm_ssm_scan),
+    METHOD(zm_rms_norm),
+    METHOD(zm_rope),
+    METHOD(zm_moe_experts),
+    METHOD(zm_causal_conv1d),
+    METHOD(zm_uniform_rows),
+    METHOD(zm_silu_mul),
+    METHOD(zm_panel_gemm_reduced),
+    METHOD(zm_copy_rows),
+    METHOD(zm_add_f32),
+    METHOD(zm_moe_route),
+    METHOD(zm_copy_strided),
+    METHOD(zm_race_argmax),
+    {"bind_torch", (PyCFunction)(void (*)(void))bind_torch, METH_FASTCALL,
+     "torch's objects for the tensor-level calls"},
+    {"silu_mul_tensors", (PyCFunction)(void (*)(void))silu_mul_tensors, METH_FASTCALL,
+     "swiglu.py's silu_mul, or None"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "zm_native", NULL, -1, methods,
-                                    NULL,                  NULL,        NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "zm_native", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit_zm_native(void) { return PyModule_Create(&module); }

@@ -40,8 +40,10 @@ void zm_uniform_rows(const uint64_t *seeds, int64_t rows, int64_t cols, float *o
                 const int64_t left = cols - c;
                 const int need = left < MT_N ? (int)left : MT_N;
                 int k = 0;
-                for (; k < MT_N - MT_M && k < need; k++) state[k] = state[k + MT_M] ^ twist(state[k], state[k + 1]);
-                for (; k < MT_N - 1 && k < need; k++) state[k] = state[k + MT_M - MT_N] ^ twist(state[k], state[k + 1]);
+                for (; k < MT_N - MT_M && k < need; k++)
+                    state[k] = state[k + MT_M] ^ twist(state[k], state[k + 1]);
+                for (; k < MT_N - 1 && k < need; k++)
+                    state[k] = state[k + MT_M - MT_N] ^ twist(state[k], state[k + 1]);
                 if (need == MT_N) state[MT_N - 1] = state[MT_M - 1] ^ twist(state[MT_N - 1], state[0]);
                 next = 0;
             }

@@ -106,7 +106,8 @@ static void ssm_item(const struct ssm_call *c, float *d_b, int64_t item) {
     const int64_t heads = c->heads, head_dim = c->head_dim, n_state = c->n_state, state_numel = head_dim * n_state;
     const int64_t s = item / heads, h = item % heads, g = h / (heads / c->groups);
     const float dt_lo = c->dt_lo, dt_hi = c->dt_hi;
-    const int64_t state_row = c->state_index ? c->state_index[s] : s, offset = (state_row * heads + h) * state_numel;
+    const int64_t state_row = c->state_index ? c->state_index[s] : s,
+                  offset = (state_row * heads + h) * state_numel;
     float *st = c->state_out + offset; /* the state lives in the output buffer */
     if (c->state_in && !(c->has_state && !c->has_state[s])) {
         if (c->state_in + offset != st) memcpy(st, c->state_in + offset, sizeof(float) * state_numel);
@@ -134,16 +135,36 @@ static void ssm_item(const struct ssm_call *c, float *d_b, int64_t item) {
 }
 
 /* Returns 0, or -1 if scratch memory could not be allocated. */
-int zm_ssm_scan(const float *x, const float *dt, const float *A, const float *B, const float *C,
-                const float *D, const float *dt_bias, const int64_t *start, const int64_t *len,
-                const float *state_in, const int64_t *state_index, const uint8_t *has_state, float *state_out, float *y, int64_t n_seq, int64_t heads,
-                int64_t head_dim, int64_t groups, int64_t n_state, int64_t x_row, int64_t dt_row, int64_t b_row,
-                int64_t c_row, float dt_lo, float dt_hi, int n_threads) {
+int zm_ssm_scan(const float *x, const float *dt, const float *A, const float *B, const float *C, const float *D,
+                const float *dt_bias, const int64_t *start, const int64_t *len, const float *state_in,
+                const int64_t *state_index, const uint8_t *has_state, float *state_out, float *y, int64_t n_seq,
+                int64_t heads, int64_t head_dim, int64_t groups, int64_t n_state, int64_t x_row, int64_t dt_row,
+                int64_t b_row, int64_t c_row, float dt_lo, float dt_hi, int n_threads) {
     const struct ssm_call c = {
-        .x = x, .dt = dt, .A = A, .B = B, .C = C, .D = D, .dt_bias = dt_bias, .state_in = state_in,
-        .state_index = state_index, .has_state = has_state, .start = start, .len = len, .state_out = state_out, .y = y, .heads = heads,
-        .head_dim = head_dim, .groups = groups, .n_state = n_state, .x_row = x_row, .dt_row = dt_row,
-        .b_row = b_row, .c_row = c_row, .dt_lo = dt_lo, .dt_hi = dt_hi,
+        .x = x,
+        .dt = dt,
+        .A = A,
+        .B = B,
+        .C = C,
+        .D = D,
+        .dt_bias = dt_bias,
+        .state_in = state_in,
+        .state_index = state_index,
+        .has_state = has_state,
+        .start = start,
+        .len = len,
+        .state_out = state_out,
+        .y = y,
+        .heads = heads,
+        .head_dim = head_dim,
+        .groups = groups,
+        .n_state = n_state,
+        .x_row = x_row,
+        .dt_row = dt_row,
+        .b_row = b_row,
+        .c_row = c_row,
+        .dt_lo = dt_lo,
+        .dt_hi = dt_hi,
     };
     const size_t scratch = sizeof(float) * (n_state > 0 ? n_state : 1);
     if (zm_serial(n_threads, n_seq * heads, 2)) {

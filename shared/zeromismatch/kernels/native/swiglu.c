@@ -110,7 +110,8 @@ static inline __m512 times_up16(__m512 s, __m512 u) {
 static inline void silu_mul_row(const char *g, const char *u, char *o, int64_t cols, const int bf16) {
     int64_t j = 0;
     for (; j + LANES <= cols; j += LANES)
-        store16(o, bf16, j, times_up16(silu_fma16(load16(g, bf16, j, 0xffff)), load16(u, bf16, j, 0xffff)), 0xffff);
+        store16(o, bf16, j, times_up16(silu_fma16(load16(g, bf16, j, 0xffff)), load16(u, bf16, j, 0xffff)),
+                0xffff);
     if (j < cols) {
         const __mmask16 tail = (__mmask16)((1u << (cols - j)) - 1u);
         store16(o, bf16, j, times_up16(silu_fma16(load16(g, bf16, j, tail)), load16(u, bf16, j, tail)), tail);
@@ -130,10 +131,8 @@ static void silu_mul_rows(const char *gate, const char *up, int bf16, int64_t ro
     for (int64_t row = row0; row < row1; row++) {
         const char *g = gate + row * gate_stride * size, *u = up + row * up_stride * size;
         char *o = out + row * cols * size;
-        if (bf16)
-            silu_mul_row(g, u, o, cols, 1);
-        else
-            silu_mul_row(g, u, o, cols, 0);
+        if (bf16) silu_mul_row(g, u, o, cols, 1);
+        else silu_mul_row(g, u, o, cols, 0);
     }
 }
 

@@ -1,11 +1,12 @@
-"""Engine corner cases found in review (session 7): each test failed before its fix.
+"""How the engine handles requests at the edges:
 
 - a seeded uniform draw of exactly 0 must not turn a greedy step into token 0 with logprob -inf;
 - a failed forward ends the requests of that step with an error and leaves the engine serving;
 - automatic request ids never collide with ids a caller chose; step-API requests that finish
   while ``generate`` runs are delivered by the next ``step()``;
 - prefix-cache hit counters count only blocks actually served;
-- the trainer recompute accepts the error outputs of empty prompts.
+- the trainer recompute accepts the error outputs of empty prompts;
+- two engines sharing one model object fail loudly instead of running on the other's kernels.
 """
 
 import pytest

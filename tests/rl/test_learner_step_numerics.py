@@ -1,9 +1,11 @@
-"""Learner behaviour fixed in review (session 7); each test failed before its fix.
+"""The numbers a learner step uses and reports:
 
-- RL starts with fresh Adam moments (the warm start has its own optimizer): the warm start's moments
-  moved the weights on an RL step whose gradient was exactly zero;
+- RL starts with fresh Adam moments (the warm start has its own optimizer), so a step whose
+  gradient is exactly zero moves no weight;
 - at lag > 0 with top-k, tokens outside the current policy's support weigh 0 but their responses
-  stay in the batch (they were dropped, which changed B, |y_i| and the group baselines).
+  stay in the batch (dropping them would change B, |y_i| and the group baselines);
+- the run summary's maxima keep a nan step wherever it falls, and a sampled token the trainer
+  gives probability zero is an infinite diff, not a dropped one.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def test_unsupported_tokens_at_lag_keep_every_response_in_the_batch():
 
 
 def test_summary_maxima_show_a_nan_step_wherever_it_falls():
-    """Python's max keeps a nan only when it comes first: a blown-up pre-clip gradient norm at a
-    later step vanished from grad_norm_preclip_max (found by review)."""
+    """Python's max keeps a nan only when it comes first, so a blown-up pre-clip gradient norm at a
+    later step would vanish from grad_norm_preclip_max."""
     import math
 
     from zeromismatch.rl.loop import summarize
@@ -73,14 +75,16 @@ def test_summary_maxima_show_a_nan_step_wherever_it_falls():
         assert math.isnan(summary["grad_norm_preclip_max"]), order
     clean = summarize([record(g, 0.0) for g in (0.5, 0.7)], "sha", evals, evals, [])
     assert clean["grad_norm_preclip_max"] == 0.7 and clean["diff_max_max_over_steps"] == 0.0
-    assert math.isnan(summarize([record(0.5, 0.0), record(0.5, math.nan)], "sha", evals, evals, [])[
-        "diff_max_max_over_steps"
-    ])
+    assert math.isnan(
+        summarize([record(0.5, 0.0), record(0.5, math.nan)], "sha", evals, evals, [])[
+            "diff_max_max_over_steps"
+        ]
+    )
     assert summarize([], "sha", evals, evals, [])["grad_norm_preclip_max"] is None
 
 
 def test_a_sampled_token_the_trainer_gives_probability_zero_is_an_infinite_diff(monkeypatch):
-    # it used to be dropped from diff_*/k3_kl, so a step with an infinite mismatch reported exact zeros
+    # dropped from diff_*/k3_kl, a step with an infinite mismatch would report exact zeros
     import math
 
     from zeromismatch.rl.loop import summarize
