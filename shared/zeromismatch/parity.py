@@ -30,7 +30,11 @@ RL_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # RLConfig's spelling
 
 
 def make_workload(
-    seed: int, num_prompts: int, vocab_size: int, max_prompt_len: int, params_kwargs: dict,
+    seed: int,
+    num_prompts: int,
+    vocab_size: int,
+    max_prompt_len: int,
+    params_kwargs: dict,
     prompts: list[list[int]] | None = None,
 ) -> list[tuple[int, list[int], object]]:
     """``[(arrival_step, prompt_token_ids, SamplingParams)]`` in arrival order. ``prompts`` (a trained

@@ -33,9 +33,12 @@ def register(sub) -> None:
 
     p = sub.add_parser("parity", help="rollout-vs-trainer logprob diff on a randomized engine workload")
     p.add_argument("--model", default=None, help="model preset, e.g. tiny-qwen3 (or --checkpoint)")
-    p.add_argument("--checkpoint", metavar="RUN_DIR", default=None,
-                   help="a zm train run (or its checkpoints/step_N) whose trained weights and task prompts "
-                        "to use")
+    p.add_argument(
+        "--checkpoint",
+        metavar="RUN_DIR",
+        default=None,
+        help="a zm train run (or its checkpoints/step_N) whose trained weights and task prompts to use",
+    )
     p.add_argument("--kernels", default=None,
                    help="kernel set of the trainer and (unless --rollout-kernels) the engine: aligned | "
                         "default | aligned-native")  # fmt: skip

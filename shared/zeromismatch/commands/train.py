@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--model", default="tiny-qwen3", help="model preset (tiny-qwen3, tiny-qwen3-moe, ...)")
     p.add_argument("--algo", default="reinforce_zero", choices=ALGOS)
     p.add_argument(
-        "--kernels", default=None,
+        "--kernels",
+        default=None,
         help="learner kernel set (aligned | default | aligned-native; default aligned)",
     )
     add_numerics_arguments(p)

@@ -361,7 +361,6 @@ class LLM:
         return self.block_manager.hits
 
 
-
 def validate_prompt(prompt_token_ids, vocab_size: int, max_model_len: int) -> list[int]:
     """The prompt as a list of Python ints, or one ValueError/TypeError saying what is wrong with it
     (the engine's rules, shared by every engine that serves the project's models)."""
@@ -397,6 +396,7 @@ def check_stop_tokens(params: SamplingParams, vocab_size: int) -> None:
     bad_stops = [t for t in params.stop_token_ids if t >= vocab_size]
     if bad_stops:
         raise ValueError(f"stop_token_ids outside the vocabulary [0, {vocab_size}): {bad_stops}")
+
 
 def check_engine_sizes(**sizes) -> None:
     """ValueError/TypeError naming the argument when one of the engine's sizes is not an int >= 1

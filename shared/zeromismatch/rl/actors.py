@@ -225,8 +225,10 @@ class RayRun(Run):
         summary = summarize(records, digest, eval_before, eval_after, warm["sft_losses"], warm)
         summary.update(cache_stats)
         summary.update(
-            executor="ray", rollout_actor_restarts=len(incarnations) - 1, time_wall_s=wall,
-            learner_steps_per_s=len(records) / wall if wall > 0 else None
+            executor="ray",
+            rollout_actor_restarts=len(incarnations) - 1,
+            time_wall_s=wall,
+            learner_steps_per_s=len(records) / wall if wall > 0 else None,
         )
         atomic_write_json(self.out / "summary.json", summary)
         write_manifest(self.out)  # sha256 of every data file: the audit's tamper check

@@ -132,6 +132,7 @@ class RLConfig:
             raise bad("update_mode", f"must be one of {UPDATE_MODES}")
         for name, why in numerics_problems({key: getattr(self, key) for key in NUMERICS_FIELDS}):
             raise bad(name, why)
+
         def is_int(value) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 

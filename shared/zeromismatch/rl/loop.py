@@ -519,7 +519,11 @@ WARM_START_KEYS = ("warm_start", "warm_start_key", "warm_start_sha256")  # apply
 
 
 def summarize(
-    records: list[dict], weights_sha256: str, eval_before: dict, eval_after: dict, sft_losses,
+    records: list[dict],
+    weights_sha256: str,
+    eval_before: dict,
+    eval_after: dict,
+    sft_losses,
     warm_start: dict | None = None,
 ) -> dict:
     """summary.json of a finished run, from its per-step records (shared by both executors);
