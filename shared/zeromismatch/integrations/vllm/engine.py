@@ -157,6 +157,10 @@ class VllmEngine:
         # lands between two known steps and every token's version is exact (a separate engine-core
         # process runs ahead of its client); the model still runs in vLLM's worker process
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        # vLLM's CPU worker otherwise binds OpenMP threads to every allowed core and then turns
+        # torch.set_num_threads into a no-op for the whole process: the caller's thread count (one per
+        # Ray actor) would stop holding, for the trainer too (an explicit setting wins)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         if family == "deepseek_v3" and not stock:
             env["VLLM_MLA_DISABLE"] = "1"
         saved = {name: os.environ.get(name) for name in env}
