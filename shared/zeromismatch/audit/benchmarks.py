@@ -166,7 +166,8 @@ def _vllm(data: Node, source: str) -> list[str]:
             f"tokens/s, ratio {data['ratio_engine_aligned_native_over_vllm'].number():.2f}."
             if data.has("ratio_engine_aligned_native_over_vllm")
             else ""
-        ),
+        )
+        + _vllm_plugin(data),
         "",
         "| logprobs compared | tokens | tokens differing | diff max | diff mean | k3 KL | identical |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -179,6 +180,23 @@ def _vllm(data: Node, source: str) -> list[str]:
             f"{fmt_number(stats['k3_kl'].number())} | {stats['identical'].boolean()} |"
         )
     return lines + _native_not_run(data)
+
+
+def _vllm_plugin(data: Node) -> str:
+    """The same vLLM serving the project's model through the plugin (integrations/vllm)."""
+    if not data.has("ratio_vllm_plugin_over_vllm"):
+        return ""
+    tps = data["median_tokens_per_s"]
+    text = (
+        f" The same vLLM serving the project's model through the plugin: {tps['vllm-plugin'].number():.0f} "
+        f"tokens/s (aligned), ratio {data['ratio_vllm_plugin_over_vllm'].number():.2f}"
+    )
+    if data.has("ratio_vllm_plugin_native_over_vllm"):
+        text += (
+            f"; {tps['vllm-plugin-native'].number():.0f} tokens/s (aligned-native), ratio "
+            f"{data['ratio_vllm_plugin_native_over_vllm'].number():.2f}"
+        )
+    return text + "."
 
 
 SECTIONS = (("ops.json", _ops), ("rollout.json", _rollout), ("async.json", _async), ("vllm_peer.json", _vllm))
