@@ -32,7 +32,6 @@ def test_trainer_field_defaults_and_round_trips():
     ("changes", "message"),
     [
         (dict(trainer="deepspeed"), r"^RLConfig.trainer: must be one of \('zeromismatch', 'megatron'\)"),
-        (dict(trainer="megatron", executor="ray"), r"^RLConfig.executor: the Megatron learner runs in-pro"),
         (dict(trainer="megatron", model="tiny-nemotron-h", model_overrides={"mlp_bias": True}),
          r"^RLConfig.model: no Megatron spec for a nemotron_h model with mlp_bias"),
     ],
@@ -79,8 +78,6 @@ def test_zm_train_trainer_megatron_runs(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["train", "--trainer", "megatron", "--stack", "aligned-fp8", "--executor", "ray"],
-         "zm train: RLConfig.executor: the Megatron learner runs in-process only"),
         (["parity", "--trainer", "megatron", "--model", "tiny-nemotron-h", "--trainer-tp", "4"],
          "zm parity: --trainer-tp 4 must divide the model's num_key_value_heads=2"),
         (["parity", "--trainer", "megatron", "--model", "tiny-qwen3", "--trainer-tp", "4"],

@@ -1,10 +1,12 @@
-"""The Ray executor with a vLLM rollout actor (``RLConfig(executor="ray", rollout_engine="vllm")``).
+"""The Ray executor with a vLLM rollout actor and a Megatron learner actor, the full tier's shape
+(``RLConfig(executor="ray", rollout_engine="vllm", trainer="megatron")``).
 
-The rollout actor serves batches from a real vLLM (``integrations/vllm/engine.py``) while the learner
-actor trains; its process is killed at the start of batch 2, once, and Ray restarts it (a new vLLM
-starts in the new incarnation) and regenerates that batch. The run's records and final weights must
-equal an uninterrupted in-process run on the project engine, every step exactly once: the plugin
-gives the project engine's bits, and a batch is a function of its weights, index and seed only.
+The rollout actor serves batches from a real vLLM (``integrations/vllm/engine.py``) while the
+Megatron learner actor trains; the rollout actor's process is killed at the start of batch 2, once,
+and Ray restarts it (a new vLLM starts in the new incarnation) and regenerates that batch. The run's
+records and final weights must equal an uninterrupted in-process run (the project engine, the same
+Megatron learner), every step exactly once: the plugin gives the project engine's bits, and a batch
+is a function of its weights, index and seed only.
 
 Run with ``make vllm-test`` (in ``.venv-vllm``, which has Ray).
 """
@@ -19,7 +21,7 @@ import torch
 from zeromismatch.rl import RLConfig, train
 from zeromismatch.rl.actors import KILL_ROLLOUT_ENV
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.cluster("ray")]
+pytestmark = [pytest.mark.vllm, pytest.mark.megatron, pytest.mark.slow, pytest.mark.cluster("ray")]
 
 
 def _records(run_dir) -> list[dict]:
@@ -38,12 +40,12 @@ def ray_session():
     ray.shutdown()
 
 
-def test_killed_vllm_rollout_actor_is_restarted_and_the_run_is_the_project_engines(
+def test_vllm_rollout_and_megatron_learner_actors_survive_a_killed_rollout_actor(
     tmp_path, ray_session, monkeypatch
 ):
     config = RLConfig(
         env="arithmetic", model="tiny-qwen3", env_options={"max_digits": 1}, sft_steps=40, steps=4, lag=1,
-        prompts_per_step=4, group_size=4, seed=0, eval_size=8, eval_samples=0,
+        prompts_per_step=4, group_size=4, seed=0, eval_size=8, eval_samples=0, trainer="megatron",
     )  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the actors run one torch thread each

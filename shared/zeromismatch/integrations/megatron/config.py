@@ -60,9 +60,7 @@ def rl_config_problems(rl_config) -> list[tuple[str, str]]:
     learner cannot run (checked when the config is validated, before any model is built)."""
     from ...models import preset_dict, resolve_config
 
-    problems = []
-    if rl_config.executor != "inprocess":
-        problems.append(("executor", "the Megatron learner runs in-process only (not tested under Ray)"))
+    problems: list[tuple[str, str]] = []
     try:
         model = resolve_config({**preset_dict(rl_config.model), **rl_config.model_overrides})
     except ValueError:

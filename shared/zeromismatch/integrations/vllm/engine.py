@@ -50,7 +50,7 @@ from ...engine.llm import check_stop_tokens, error_output, validate_prompt
 from ...engine.request import RequestOutput
 from ...engine.weights import merged_state_dict, validate_update_mode
 from ...kernels.sampling import SamplingParams
-from . import FAMILY_TO_ARCHITECTURE, import_vllm
+from . import import_vllm
 from .checkpoint import write_checkpoint
 from .worker import pack
 
@@ -127,12 +127,7 @@ class VllmEngine:
         ``workdir``: where the checkpoint vLLM loads is written (default: a temporary directory,
         removed by ``shutdown``). ``kernels``: the plugin's kernel set (``KERNEL_SETS``)."""
         LLM = import_vllm().LLM
-        family = model.config.family
-        if family not in FAMILY_TO_ARCHITECTURE:
-            raise ValueError(
-                f"the vLLM engine has no plugin model for the {family!r} family "
-                f"(supported: {', '.join(sorted(FAMILY_TO_ARCHITECTURE))})"
-            )
+        family = model.config.family  # (write_checkpoint below refuses a family the plugin lacks)
         if logprobs_mode not in _LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {_LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.model = model
@@ -151,7 +146,11 @@ class VllmEngine:
         self._pending: list[RequestOutput] = []  # finished by an update, delivered by the next step()
         self._owned_dir = workdir is None
         self._dir = Path(tempfile.mkdtemp(prefix="zm-vllm-") if workdir is None else workdir)
-        checkpoint = write_checkpoint(model, self._dir / "checkpoint", stock=stock, kernels=kernels)
+        try:
+            checkpoint = write_checkpoint(model, self._dir / "checkpoint", stock=stock, kernels=kernels)
+        except ValueError:
+            self.shutdown()  # (removes the directory it made)
+            raise
         kv_bytes = max_num_seqs * self.max_model_len * _kv_bytes_per_token(model) * 5 // 4
         # the engine core in this process: a step() returns once that step ran, so a weight update
         # lands between two known steps and every token's version is exact (a separate engine-core
