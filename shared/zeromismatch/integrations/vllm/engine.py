@@ -101,6 +101,25 @@ class _Tracked:
         )
 
 
+def _rng_states() -> tuple:
+    import random
+
+    import numpy
+
+    # (numpy's legacy global state is what vLLM's set_random_seed seeds)
+    return random.getstate(), numpy.random.get_state(), torch.random.get_rng_state()  # noqa: NPY002
+
+
+def _restore_rng_states(states: tuple) -> None:
+    import random
+
+    import numpy
+
+    random.setstate(states[0])
+    numpy.random.set_state(states[1])  # noqa: NPY002
+    torch.random.set_rng_state(states[2])
+
+
 class VllmEngine:
     def __init__(
         self,
@@ -152,9 +171,9 @@ class VllmEngine:
             self.shutdown()  # (removes the directory it made)
             raise
         kv_bytes = max_num_seqs * self.max_model_len * _kv_bytes_per_token(model) * 5 // 4
-        # the engine core in this process: a step() returns once that step ran, so a weight update
-        # lands between two known steps and every token's version is exact (a separate engine-core
-        # process runs ahead of its client); the model still runs in vLLM's worker process
+        # the engine core (and on CPU the model) in this process: a step() returns once that step
+        # ran, so a weight update lands between two known steps and every token's version is exact
+        # (a separate engine-core process runs ahead of its client)
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         # vLLM's CPU worker otherwise binds OpenMP threads to every allowed core and then turns
         # torch.set_num_threads into a no-op for the whole process: the caller's thread count (one per
@@ -164,6 +183,9 @@ class VllmEngine:
             env["VLLM_MLA_DISABLE"] = "1"
         saved = {name: os.environ.get(name) for name in env}
         os.environ.update(env)  # read while the LLM is built (and by the processes it starts)
+        # vLLM seeds this process's random, numpy and torch generators from its seed when its engine
+        # core runs here; the caller's streams (the RL loop's) must not depend on which engine it built
+        rng_states = _rng_states()
         try:
             self.llm = LLM(
                 model=str(checkpoint),
@@ -183,7 +205,11 @@ class VllmEngine:
                 worker_extension_cls=_WORKER_EXTENSION,
                 seed=seed,
             )
+        except BaseException:
+            self.shutdown()
+            raise
         finally:
+            _restore_rng_states(rng_states)
             for name, value in saved.items():
                 if value is None:
                     os.environ.pop(name, None)
