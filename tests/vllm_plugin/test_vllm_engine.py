@@ -6,7 +6,7 @@ prefix-cache block of another weight version. So an RL run that rolls out on vLL
 rolls out on the project engine, bit for bit: here with the Megatron learner, at lag 0 and at lag 8
 over 20 steps, every step's kernel k3 exactly 0 and the final weights hash the same.
 
-Run with ``make vllm-test``; each vLLM start costs ~40 s on 2 cores.
+Run with ``make vllm-test``; each in-process vLLM start costs ~7-15 s on 2 cores.
 """
 
 from __future__ import annotations
