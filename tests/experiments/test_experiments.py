@@ -123,7 +123,7 @@ def test_full_scale_keeps_the_lag_of_non_headline_arms(tmp_path):
 def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting():
     import dataclasses
 
-    from zeromismatch.experiment.runner import ARM_CHOICE_FIELDS, PUBLISHED_FIELDS, full_scale_configs
+    from zeromismatch.experiment.full import ARM_CHOICE_FIELDS, PUBLISHED_FIELDS, full_scale_configs
     from zeromismatch.rl import RLConfig
 
     fields = {f.name for f in dataclasses.fields(RLConfig)}
@@ -145,7 +145,7 @@ def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting
 def test_full_scale_config_says_where_each_value_comes_from():
     """``source_of``: a reviewer must tell a published value from one we assumed or one the mini arm
     carries (found by review: fp32 dtypes and mini lags read as published)."""
-    from zeromismatch.experiment.runner import full_scale_configs
+    from zeromismatch.experiment.full import full_scale_configs
 
     for name in EXPERIMENTS:
         for arm, resolved in full_scale_configs(load(name)).items():
@@ -165,7 +165,7 @@ def test_full_scale_config_says_where_each_value_comes_from():
 def test_arms_of_another_published_run_resolve_to_that_run():
     # the lag-2/8 arms stand in for S3's math-reasoning runs, the lag-64 arms for the Qwen3-4B tool-use run
     # (every arm used to resolve to Qwen3-4B with Python tools)
-    from zeromismatch.experiment.runner import full_scale_configs
+    from zeromismatch.experiment.full import full_scale_configs
 
     experiment = load("reinforce_zero_lag64")
     resolved = full_scale_configs(experiment)
@@ -180,24 +180,24 @@ def test_arms_of_another_published_run_resolve_to_that_run():
 def test_full_scale_without_backend_refuses_to_submit_or_to_succeed(tmp_path, monkeypatch):
     import importlib
 
-    import zeromismatch.experiment.runner as runner
+    import zeromismatch.experiment.full as full
 
     submit_module = importlib.import_module("zeromismatch.launch.submit")
-    monkeypatch.setattr(runner, "FULL_SCALE_BACKEND", "zeromismatch.integrations.no_such_backend")
+    monkeypatch.setattr(full, "FULL_SCALE_BACKEND", "zeromismatch.integrations.no_such_backend")
     monkeypatch.setattr(submit_module, "submit", lambda *a, **k: pytest.fail("submitted without a backend"))
     with pytest.raises(RuntimeError, match="no_such_backend"):
         run_experiment(load("reinforce_zero_lag64"), "full", cluster="slurm", out_root=tmp_path)
     assert not list(tmp_path.iterdir())
     with pytest.raises(RuntimeError, match="no_such_backend"):
-        runner.run_full_arm("reinforce_zero_lag64", {"arm": "aligned"})
+        full.run_full_arm("reinforce_zero_lag64", {"arm": "aligned"})
 
 
 def test_run_full_arm_names_the_missing_entry_point(monkeypatch):
-    import zeromismatch.experiment.runner as runner
+    import zeromismatch.experiment.full as full
 
-    monkeypatch.setattr(runner, "FULL_SCALE_BACKEND", "zeromismatch.integrations")
+    monkeypatch.setattr(full, "FULL_SCALE_BACKEND", "zeromismatch.integrations")
     with pytest.raises(NotImplementedError, match="run_arm"):
-        runner.run_full_arm("reinforce_zero_lag64", {"arm": "aligned"})
+        full.run_full_arm("reinforce_zero_lag64", {"arm": "aligned"})
 
 
 def test_launcher_rejects_out_root_that_is_a_file(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from experiment_helpers import EXPERIMENTS, load
 
 import zeromismatch.launch  # noqa: F401  (loads the submodule the runner imports submit from)
-from zeromismatch.experiment import runner
+from zeromismatch.experiment import full, runner
 from zeromismatch.rl.stacks import DTYPES, QUANTS
 
 
@@ -74,7 +74,7 @@ def test_hidden_dirs_are_not_read_by_the_audit(tmp_path):
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_full_configs_have_a_valid_dtype_and_quant(name):
-    for arm, resolved in runner.full_scale_configs(load(name)).items():
+    for arm, resolved in full.full_scale_configs(load(name)).items():
         config = resolved["config"]
         assert config["dtype"] in DTYPES, (name, arm, config["dtype"])
         assert config["quant"] in QUANTS, (name, arm, config["quant"])
@@ -86,20 +86,20 @@ def test_full_precision_is_a_quant_for_weight_formats_and_a_dtype_otherwise():
     def engine_formats(configs):
         return {r["config"]["rollout_quant"] or r["config"]["quant"] for r in configs.values()}
 
-    nemotron = runner.full_scale_configs(load("nemotron_nvfp4_swebench"))
+    nemotron = full.full_scale_configs(load("nemotron_nvfp4_swebench"))
     assert engine_formats(nemotron) == {"nvfp4"}
     # a fast arm keeps its learner on fp32 masters: the published format lands on its engine only
     assert nemotron["fast"]["config"]["quant"] == "none" and nemotron["aligned"]["config"]["quant"] == "nvfp4"
-    deepseek = runner.full_scale_configs(load("deepseek_v4_flash_100steps"))
+    deepseek = full.full_scale_configs(load("deepseek_v4_flash_100steps"))
     assert engine_formats(deepseek) == {"fp8-block"}
     experiment = load("reinforce_zero_lag64")
     bf16 = dataclasses.replace(
         experiment, full=dataclasses.replace(experiment.full, precision="bfloat16"), full_by_arm={}
     )
-    assert {r["config"]["dtype"] for r in runner.full_scale_configs(bf16).values()} == {"bfloat16"}
+    assert {r["config"]["dtype"] for r in full.full_scale_configs(bf16).values()} == {"bfloat16"}
     bad = dataclasses.replace(experiment, full=dataclasses.replace(experiment.full, precision="int3"))
     with pytest.raises(ValueError, match="reinforce_zero_lag64: FullScale.precision 'int3'"):
-        runner.full_scale_configs(bad)
+        full.full_scale_configs(bad)
 
 
 def test_full_dry_run_names_the_variables_its_placeholders_need(tmp_path, monkeypatch, capsys):
