@@ -175,12 +175,6 @@ class RLConfig:
         for name in ("audit_rollout_version", "enable_prefix_caching", "prefix_cache_versioned", "wandb"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be a bool")
-        if self.executor == "ray":
-            # the Ray executor has neither: accepting them would silently drop checkpoints or logs
-            for name in ("checkpoint_every", "wandb"):
-                if getattr(self, name):
-                    raise bad(name, "the Ray executor neither checkpoints nor logs to wandb; "
-                                    "use executor='inprocess' or leave it off")  # fmt: skip
         self._validate_sampling()
         if self.trainer == "megatron":
             self._validate_megatron()

@@ -305,14 +305,11 @@ class Run:
         atomic_write_text(self.metrics_path, "".join(line + "\n" for line in kept))
 
     def _save(self, step: int, learner: Learner, history: WeightHistory, extra: dict) -> None:
-        state = {
-            "model": state_snapshot(learner.model),
-            "optimizer": learner.optimizer.state_dict(),
-            "learner_version": learner.version,
-            "history": history.snapshots,
-            "rng": ckpt.capture_rng_state(),
-            "extra": extra,
-        }
+        state = {**learner_state(learner), "history": history.snapshots, "extra": extra}
+        self._write_checkpoint(step, state)
+
+    def _write_checkpoint(self, step: int, state: dict) -> None:
+        """``state``: the ``_RESUME_KEYS`` (the Ray executor builds it from its actors' parts)."""
         ckpt.save_checkpoint(self.ckpt_dir, step, state, {"config": self.config.to_dict()})
         if self.config.keep_checkpoints:
             # step 0 is the warm start `zm parity --checkpoint` measures baselines on: never pruned
@@ -344,9 +341,17 @@ class Run:
             raise ValueError(f"{path} is no provenance record (a JSON object with a 'restarts' list)")
         return record
 
-    def _write_start(self, record: dict, previous: dict | None, resumed_from: Path | None, step: int) -> None:
+    def _write_start(
+        self,
+        record: dict,
+        previous: dict | None,
+        resumed_from: Path | None,
+        step: int,
+        reason: str | None = None,
+    ) -> None:
         """config.json and provenance.json of this (re)start: a first start's record is the file; a
-        resume's is appended to ``restarts`` (with when it started and where from)."""
+        resume's is appended to ``restarts`` (with when it started, where from and, for a restart the run
+        made itself, why)."""
         atomic_write_json(self.out / "config.json", self.config.to_dict())
         if previous is not None:
             restart = {
@@ -354,35 +359,26 @@ class Run:
                 "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "resumed_from": str(resumed_from) if resumed_from else None,
                 "resumed_at_step": step,
+                **({"reason": reason} if reason else {}),
             }
             record = {**previous, "restarts": [*previous.get("restarts", []), restart]}
         atomic_write_json(self.out / "provenance.json", record)
 
     def _restore(self, latest: Path, learner: Learner, history: WeightHistory) -> dict:
         """Load the resumable checkpoint ``latest`` into ``learner``/``history`` and the RNGs; its extra."""
-        state = ckpt.load_checkpoint(latest).state
-        missing = [key for key in _RESUME_KEYS if not isinstance(state, dict) or key not in state]
-        if not missing and not (isinstance(state["extra"], dict) and "next_step" in state["extra"]):
-            missing.append("extra.next_step")
-        if missing:
-            raise ckpt.CheckpointError(
-                f"checkpoint {latest / 'state.pt'} has no {', '.join(missing)}: not a resumable training "
-                "checkpoint (a warm start saved alone holds only the model); rerun without --resume"
-            )
-        learner.model.load_state_dict_hf(state["model"])
-        learner.optimizer.load_state_dict(state["optimizer"])
-        learner.version = state["learner_version"]
+        state = load_resumable(latest)
+        restore_learner(learner, state)
         history.snapshots = state["history"]
-        ckpt.restore_rng_state(state["rng"])
         return state["extra"]
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict:
         return self._holding_run_dir(lambda: self._run(resume))
 
-    def _run(self, resume: bool) -> dict:
+    def _start_checks(self, resume: bool) -> tuple[dict | None, Path | None]:
+        """What a (re)start continues from -- the previous provenance and the latest checkpoint (None, None
+        for a first start) -- once the config and the run directory allow it; raises before any write."""
         c = self.config
-        torch.manual_seed(c.seed)
         config_path = self.out / "config.json"
         if config_path.exists() and not resume:
             raise FileExistsError(f"{self.out} already holds a run; pass --resume or choose a new --out")
@@ -402,6 +398,12 @@ class Run:
                 f"{self.out}: a run with prefix_cache_versioned=False cannot be resumed (its stale prefix "
                 "cache is not checkpointed); rerun it from the start"
             )
+        return previous, latest
+
+    def _run(self, resume: bool) -> dict:
+        c = self.config
+        torch.manual_seed(c.seed)
+        previous, latest = self._start_checks(resume)
         eval_task_seeds(c)  # an eval split too small for eval_size fails here, not after the warm start
         # both sides' models are built before anything is written: a kernel set or weight format the
         # model cannot take (NVFP4 on an in-dim that is no multiple of 16) fails here, not after the run began
@@ -489,6 +491,39 @@ class Run:
 
     def _records(self) -> list[dict]:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+
+def learner_state(learner: Learner) -> dict:
+    """The learner's part of a resumable checkpoint (the run adds ``history`` and ``extra``)."""
+    return {
+        "model": state_snapshot(learner.model),
+        "optimizer": learner.optimizer.state_dict(),
+        "learner_version": learner.version,
+        "rng": ckpt.capture_rng_state(),
+    }
+
+
+def restore_learner(learner: Learner, state: dict) -> None:
+    """Put :func:`learner_state`'s parts back (and this process's RNGs)."""
+    learner.model.load_state_dict_hf(state["model"])
+    learner.optimizer.load_state_dict(state["optimizer"])
+    learner.version = state["learner_version"]
+    ckpt.restore_rng_state(state["rng"])
+
+
+def load_resumable(latest: Path) -> dict:
+    """The state of the resumable checkpoint ``latest``; CheckpointError when it is none (a warm start
+    saved alone holds only the model)."""
+    state = ckpt.load_checkpoint(latest).state
+    missing = [key for key in _RESUME_KEYS if not isinstance(state, dict) or key not in state]
+    if not missing and not (isinstance(state["extra"], dict) and "next_step" in state["extra"]):
+        missing.append("extra.next_step")
+    if missing:
+        raise ckpt.CheckpointError(
+            f"checkpoint {latest / 'state.pt'} has no {', '.join(missing)}: not a resumable training "
+            "checkpoint (a warm start saved alone holds only the model); rerun without --resume"
+        )
+    return state
 
 
 def _add_counts(before: dict, since: dict) -> dict:
