@@ -94,3 +94,11 @@ def test_without_checkpoints_a_dead_learner_ends_the_run(tmp_path, ray_session, 
     with pytest.raises(Exception, match="(?i)actor|died"):
         train(tiny_config(steps=3, executor="ray"), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_ray_run_logs_to_wandb_offline(tmp_path, ray_session, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    train(tiny_config(steps=2, executor="ray", wandb=True), out, quiet=True)
+    offline = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(offline) == 1 and offline[0].stat().st_size > 0

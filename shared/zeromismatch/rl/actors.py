@@ -52,20 +52,8 @@ from ..manifest import write_manifest
 from ..train import checkpoint as ckpt
 from .config import RLConfig
 from .learner import Learner, state_snapshot, weights_hash
-from .loop import (
-    _CRASH_AFTER_STEP_ENV,
-    RolloutWorker,
-    Run,
-    _add_counts,
-    _maybe_wandb,
-    eval_task_seeds,
-    evaluate,
-    learner_state,
-    load_resumable,
-    restore_learner,
-    step_record,
-    summarize,
-)
+from .loop import RolloutWorker, Run, eval_task_seeds, evaluate, maybe_wandb, step_record, summarize
+from .resume_state import CRASH_AFTER_STEP_ENV, add_counts, learner_state, load_resumable, restore_learner
 from .warm_start import apply_warm_start, cache_root, provenance_entry
 
 #: tests: ``"<batch>:<marker file>"`` kills the rollout actor's process when it starts that batch, once
@@ -276,7 +264,7 @@ class RayRun(Run):
         # learner trains. The driver only keeps a window of k + 2 steps in flight and
         # collects each step's record when it falls out of the window.
         in_flight: deque = deque()
-        wandb_run = _maybe_wandb(c, self.out)
+        wandb_run = maybe_wandb(c, self.out)
         bar = tqdm(
             total=c.steps, initial=start_step, disable=self.quiet, desc=f"ray {c.env}/{c.algo}/lag{c.lag}"
         )
@@ -294,7 +282,7 @@ class RayRun(Run):
                 wandb_run.log(record, step=step)
             bar.update(1)
             bar.set_postfix(reward=f"{record.get('reward_mean', 0):.2f}")
-            if os.environ.get(_CRASH_AFTER_STEP_ENV) == str(step):
+            if os.environ.get(CRASH_AFTER_STEP_ENV) == str(step):
                 os._exit(13)
             if checkpoint is not None:
                 parts_ref, history_refs, cache_ref = checkpoint
@@ -302,38 +290,47 @@ class RayRun(Run):
                 history = dict(zip(history_refs, ray.get(list(history_refs.values())), strict=True))
                 progress = {
                     "next_step": step + 1,
-                    "cache_stats": _add_counts(extra.get("cache_stats", {}), counts),
+                    "cache_stats": add_counts(extra.get("cache_stats", {}), counts),
                 }
                 self._write_checkpoint(
                     step + 1, {**parts, "history": history, "extra": {**extra, **progress}}
                 )
 
         wall_start = time.perf_counter()
-        for step in range(start_step, c.steps):
-            version = c.weight_version_for_batch(step)
-            rollout_ref = rollout.generate.remote(step, version, weights[version])
-            snapshot = weights[version] if version != step else None
-            record_ref, weights[step + 1] = learner.step.options(num_returns=2).remote(
-                rollout_ref, snapshot, c.evaluates_after_step(step)
-            )
-            oldest_needed = c.weight_version_for_batch(step + 1)
-            for v in [v for v in weights if v < oldest_needed]:
-                del weights[v]  # pending tasks that read it keep the object alive
-            checkpoint = None
-            if c.checkpoint_every and (step + 1) % c.checkpoint_every == 0:
-                # queued right behind this step on each actor: the state after exactly this step
-                checkpoint = (learner.checkpoint_state.remote(), dict(weights), rollout.cache_stats.remote())
-            in_flight.append((step, version, rollout_ref, record_ref, checkpoint))
-            while len(in_flight) > c.lag + 2:
+        try:
+            for step in range(start_step, c.steps):
+                version = c.weight_version_for_batch(step)
+                rollout_ref = rollout.generate.remote(step, version, weights[version])
+                snapshot = weights[version] if version != step else None
+                record_ref, weights[step + 1] = learner.step.options(num_returns=2).remote(
+                    rollout_ref, snapshot, c.evaluates_after_step(step)
+                )
+                oldest_needed = c.weight_version_for_batch(step + 1)
+                for v in [v for v in weights if v < oldest_needed]:
+                    del weights[v]  # pending tasks that read it keep the object alive
+                checkpoint = None
+                if c.checkpoint_every and (step + 1) % c.checkpoint_every == 0:
+                    # queued right behind this step on each actor: the state after exactly this step
+                    checkpoint = (
+                        learner.checkpoint_state.remote(),
+                        dict(weights),
+                        rollout.cache_stats.remote(),
+                    )
+                in_flight.append((step, version, rollout_ref, record_ref, checkpoint))
+                while len(in_flight) > c.lag + 2:
+                    collect()
+            while in_flight:
                 collect()
-        while in_flight:
-            collect()
+        except BaseException:
+            if wandb_run is not None:  # a learner restart opens its own wandb run in this process
+                wandb_run.finish(exit_code=1)
+            raise
         bar.close()
         wall = time.perf_counter() - wall_start
         (digest, eval_after), cache_stats = ray.get([learner.finish.remote(), rollout.cache_stats.remote()])
         records = self._records()
         summary = summarize(records, digest, extra["eval_before"], eval_after, extra.get("sft_losses"), extra)
-        summary.update(_add_counts(extra.get("cache_stats", {}), cache_stats))
+        summary.update(add_counts(extra.get("cache_stats", {}), cache_stats))
         summary.update(
             executor="ray",
             rollout_actor_restarts=len(incarnations) - 1,

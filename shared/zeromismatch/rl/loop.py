@@ -44,12 +44,10 @@ from ..train import checkpoint as ckpt
 from .config import RLConfig
 from .inflight import MixedVersionLearner, batch_versions, rollout_snapshots, token_versions
 from .learner import Learner, build_policy, state_snapshot, weights_hash
+from .resume_state import CRASH_AFTER_STEP_ENV, add_counts, learner_state, load_resumable, restore_learner
 from .rollout import InflightUpdate, collect_episodes, demonstration_tokens
 from .warm_start import apply_warm_start, provenance_entry
 
-_CRASH_AFTER_STEP_ENV = "ZM_CRASH_AFTER_STEP"  # tests: simulate a kill after a step is logged
-#: what a resumable checkpoint's state.pt holds (``Run._save``); a warm start saved alone holds only "model"
-_RESUME_KEYS = ("model", "optimizer", "learner_version", "history", "rng", "extra")
 #: config fields a resume may change: they decide what is kept on disk, not what is computed
 _RESUMABLE_CHANGES = ("keep_checkpoints",)
 TIMING_PREFIX = "time_"  # metrics that legitimately differ between identical runs
@@ -309,7 +307,7 @@ class Run:
         self._write_checkpoint(step, state)
 
     def _write_checkpoint(self, step: int, state: dict) -> None:
-        """``state``: the ``_RESUME_KEYS`` (the Ray executor builds it from its actors' parts)."""
+        """``state``: ``RESUME_KEYS`` (the Ray executor builds it from its actors' parts)."""
         ckpt.save_checkpoint(self.ckpt_dir, step, state, {"config": self.config.to_dict()})
         if self.config.keep_checkpoints:
             # step 0 is the warm start `zm parity --checkpoint` measures baselines on: never pruned
@@ -441,7 +439,7 @@ class Run:
                 # stack's mismatch on, and where a resume skips the warm start from
                 self._save(0, learner, history, {**extra, "next_step": 0, "cache_stats": {}})
 
-        wandb_run = _maybe_wandb(c, self.out)
+        wandb_run = maybe_wandb(c, self.out)
         bar = tqdm(range(start_step, c.steps), disable=self.quiet, desc=f"{c.env}/{c.algo}/lag{c.lag}")
         for step in bar:
             version, landing = batch_versions(c, step)
@@ -469,10 +467,10 @@ class Run:
             if wandb_run is not None:
                 wandb_run.log(record, step=step)
             bar.set_postfix(reward=f"{record.get('reward_mean', 0):.2f}", kl=f"{record['k3_kl']:.1e}")
-            if os.environ.get(_CRASH_AFTER_STEP_ENV) == str(step):
+            if os.environ.get(CRASH_AFTER_STEP_ENV) == str(step):
                 os._exit(13)
             if c.checkpoint_every and (step + 1) % c.checkpoint_every == 0:
-                counts = _add_counts(extra.get("cache_stats", {}), worker.cache_stats())
+                counts = add_counts(extra.get("cache_stats", {}), worker.cache_stats())
                 progress = {"next_step": step + 1, "cache_stats": counts}
                 self._save(step + 1, learner, history, {**extra, **progress})
 
@@ -481,7 +479,7 @@ class Run:
             extra.get("sft_losses"), extra,
         )  # fmt: skip
         # counted over the whole run: a resumed run's engine starts its counters at 0
-        summary.update(_add_counts(extra.get("cache_stats", {}), worker.cache_stats()))
+        summary.update(add_counts(extra.get("cache_stats", {}), worker.cache_stats()))
         atomic_write_json(self.out / "summary.json", summary)
         write_manifest(self.out)  # sha256 of every data file: the audit's tamper check
         if wandb_run is not None:
@@ -491,47 +489,6 @@ class Run:
 
     def _records(self) -> list[dict]:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
-
-
-def learner_state(learner: Learner) -> dict:
-    """The learner's part of a resumable checkpoint (the run adds ``history`` and ``extra``)."""
-    return {
-        "model": state_snapshot(learner.model),
-        "optimizer": learner.optimizer.state_dict(),
-        "learner_version": learner.version,
-        "rng": ckpt.capture_rng_state(),
-    }
-
-
-def restore_learner(learner: Learner, state: dict) -> None:
-    """Put :func:`learner_state`'s parts back (and this process's RNGs)."""
-    learner.model.load_state_dict_hf(state["model"])
-    learner.optimizer.load_state_dict(state["optimizer"])
-    learner.version = state["learner_version"]
-    ckpt.restore_rng_state(state["rng"])
-
-
-def load_resumable(latest: Path) -> dict:
-    """The state of the resumable checkpoint ``latest``; CheckpointError when it is none (a warm start
-    saved alone holds only the model)."""
-    state = ckpt.load_checkpoint(latest).state
-    missing = [key for key in _RESUME_KEYS if not isinstance(state, dict) or key not in state]
-    if not missing and not (isinstance(state["extra"], dict) and "next_step" in state["extra"]):
-        missing.append("extra.next_step")
-    if missing:
-        raise ckpt.CheckpointError(
-            f"checkpoint {latest / 'state.pt'} has no {', '.join(missing)}: not a resumable training "
-            "checkpoint (a warm start saved alone holds only the model); rerun without --resume"
-        )
-    return state
-
-
-def _add_counts(before: dict, since: dict) -> dict:
-    # None: a counter the engine cannot count (the vLLM engine's stale prefix hits without the salt)
-    def add(a, b):
-        return None if a is None or b is None else a + b
-
-    return {key: add(before.get(key, 0), value) for key, value in since.items()}
 
 
 def step_record(
@@ -593,7 +550,7 @@ def summarize(
     return summary
 
 
-def _maybe_wandb(config: RLConfig, out: Path):
+def maybe_wandb(config: RLConfig, out: Path):
     if not config.wandb:
         return None
     os.environ.setdefault("WANDB_MODE", "offline")
