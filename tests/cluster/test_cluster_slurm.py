@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import operator
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from slurm_helpers import accounted_state, result_of
 
 from zeromismatch.launch import submit
 from zeromismatch.launch.ray_cluster import ray_cluster_report
@@ -22,73 +22,14 @@ from zeromismatch.launch.ray_cluster import ray_cluster_report
 pytestmark = [pytest.mark.slurm, pytest.mark.cluster("submitit")]
 
 
-def _slurm_unavailable_reason() -> str | None:
-    if not os.environ.get("SLURM_CONF"):
-        return "SLURM_CONF is unset; start a controller with cluster/local_slurm/setup.sh and export it"
-    if not os.path.isfile(os.environ["SLURM_CONF"]):
-        # Slurm clients would retry a missing config for 60 s before failing.
-        return f"SLURM_CONF={os.environ['SLURM_CONF']} is not a file"
-    missing = [tool for tool in ("scontrol", "sinfo", "sbatch") if shutil.which(tool) is None]
-    if missing:
-        return f"Slurm client tools are not on PATH: {', '.join(missing)}"
-    # scontrol ping answers at once when the controller is down; sinfo would retry for ~9 s.
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
-    if ping.returncode != 0:
-        said = (ping.stdout.strip().splitlines() or [ping.stderr.strip()])[0]
-        return f"no Slurm controller answers ({said})"
-    try:
-        answer = subprocess.run(["sinfo", "-h", "-o", "%P %T"], capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return "sinfo did not answer within 30 s"
-    if answer.returncode != 0:
-        return f"sinfo failed: {answer.stderr.strip() or answer.returncode}"
-    if not answer.stdout.strip():
-        return "sinfo lists no partitions"
-    return None
-
-
-def _accounting_enabled() -> bool:
-    answer = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=10)
-    return "accounting_storage/slurmdbd" in answer.stdout
-
-
-def _result(job, timeout_s: float = 120.0):
-    """The job's result, or a failure that shows its stderr and cancels it after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not job.done():
-        if time.monotonic() > deadline:
-            job.cancel(check=False)
-            pytest.fail(f"job {job.job_id} not done after {timeout_s} s; stderr:\n{job.stderr() or ''}")
-        time.sleep(0.5)
-    return job.result()
-
-
-def _accounted_state(job, timeout_s: float = 30.0) -> str:
-    """The state sacct reports once slurmdbd has recorded the job's end (recording lags the result)."""
-    deadline = time.monotonic() + timeout_s
-    state = job.get_info(mode="force").get("State", "UNKNOWN")
-    while state in ("PENDING", "RUNNING", "COMPLETING", "UNKNOWN") and time.monotonic() < deadline:
-        time.sleep(0.5)
-        state = job.get_info(mode="force").get("State", "UNKNOWN")
-    return state
-
-
-@pytest.fixture(scope="module")
-def slurm_controller():
-    reason = _slurm_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    return {"accounting": _accounting_enabled()}
-
-
 def test_single_job_runs_under_slurm(slurm_controller, tmp_path):
     job = submit(
         os.getenv, "SLURM_JOB_ID", cluster="slurm", profile="local-cpu", folder=tmp_path, timeout_min=5
     )
-    assert _result(job) == job.job_id
+    assert result_of(job) == job.job_id
     if slurm_controller["accounting"]:
         # Without slurmdbd, sacct is disabled and submitit can only say UNKNOWN.
-        assert _accounted_state(job) == "COMPLETED"
+        assert accounted_state(job) == "COMPLETED"
     # The script Slurm ran is the one a dry run writes for the same call, byte for byte.
     dry = submit(
         os.getenv, "SLURM_JOB_ID", cluster="slurm", profile="local-cpu", folder=tmp_path, timeout_min=5,
@@ -103,18 +44,18 @@ def test_array_of_two_runs_as_one_slurm_array(slurm_controller, tmp_path):
         operator.pow, 2, cluster="slurm", profile="local-cpu", folder=tmp_path, job_name="pow-array",
         array=[(3,), (5,)], timeout_min=5,
     )  # fmt: skip
-    assert [_result(job) for job in jobs] == [8, 32]
+    assert [result_of(job) for job in jobs] == [8, 32]
     array_ids = {job.job_id.split("_")[0] for job in jobs}
     assert len(array_ids) == 1, [job.job_id for job in jobs]
     assert [job.job_id.split("_")[1] for job in jobs] == ["0", "1"]
     if slurm_controller["accounting"]:
-        assert [_accounted_state(job) for job in jobs] == ["COMPLETED", "COMPLETED"]
+        assert [accounted_state(job) for job in jobs] == ["COMPLETED", "COMPLETED"]
     # Each element saw its own array index from Slurm.
     indices = submit(
         os.getenv, cluster="slurm", profile="local-cpu", folder=tmp_path, job_name="index-array",
         array=[("SLURM_ARRAY_TASK_ID",), ("SLURM_ARRAY_TASK_ID",)], timeout_min=5,
     )  # fmt: skip
-    assert [_result(job) for job in indices] == ["0", "1"]
+    assert [result_of(job) for job in indices] == ["0", "1"]
 
 
 @pytest.mark.slow
@@ -124,7 +65,7 @@ def test_ray_recipe_starts_a_cluster_inside_a_slurm_job(slurm_controller, tmp_pa
         ray_cluster_report, cluster="slurm", profile="local-cpu", folder=tmp_path, ray=True, cpus_per_task=2,
         mem_gb=2, timeout_min=5,
     )  # fmt: skip
-    report = _result(job, timeout_s=180)
+    report = result_of(job, timeout_s=180)
     assert report["alive_nodes"] == 1
     assert report["resources"]["CPU"] == 2.0  # the head took the task's CPUs, as the recipe says
     # The teardown stopped Ray, so the blocking head step ended and the job left the queue promptly
@@ -134,4 +75,4 @@ def test_ray_recipe_starts_a_cluster_inside_a_slurm_job(slurm_controller, tmp_pa
         assert time.monotonic() < deadline, f"job {job.job_id} still in the queue 20 s after its result"
         time.sleep(0.5)
     if slurm_controller["accounting"]:
-        assert _accounted_state(job) == "COMPLETED"
+        assert accounted_state(job) == "COMPLETED"

@@ -111,9 +111,15 @@ def test_dry_run_with_ray_starts_head_and_workers_and_runs_driver_once(tmp_path,
     assert script.index("ray start --head") < script.index("-m submitit.core._submit")
     assert "--num-gpus=8" in script and "RAY_AUTH_MODE=token" in script
     assert 'for node in "${zm_ray_nodes[@]:1}"' in script
-    # The driver is the batch script itself (no srun), so fn runs once, on the head node.
+    # fn runs once, as one srun step on the head node (the allocation's first), where SIGUSR2 reaches it
     command_line = [line for line in script.splitlines() if "submitit.core._submit" in line]
-    assert len(command_line) == 1 and not command_line[0].startswith("srun")
+    assert len(command_line) == 1 and command_line[0].startswith("srun")
+    assert "--ntasks=1 --relative=0 --overlap --cpus-per-task=96" in command_line[0]
+    # every srun names its CPUs (Slurm >= 22.05 steps do not inherit --cpus-per-task); Ray steps ignore USR2
+    steps = [line for line in script.splitlines() if "srun " in line]
+    assert steps and all("--cpus-per-task=" in line for line in steps)
+    assert script.count('trap "" USR2') == 2 and "trap zm_ray_stop EXIT" in script
+    assert "6379" not in script and "hostname --ip-address" not in script
     subprocess.run(["bash", "-n", str(result.scripts[0])], check=True)
     assert ray_slurm_setup_lines(tmp_path, gpus_per_node=8) == list(
         result.config["executor_parameters"]["slurm_setup"]

@@ -17,8 +17,9 @@ script text, so this reaches into private names (``AutoExecutor._executor``,
 guards it by comparing the dry-run script with the script of a real submission, byte for byte.
 
 ``ray=True`` (Slurm) puts the Ray head/worker recipe of :mod:`.ray_cluster` before the job's
-command and ``ray stop`` on every node after it, and runs ``fn`` once, on the head node, as the
-Ray driver.
+command (and ``ray stop`` on every node at the script's exit), and runs ``fn`` once, as one srun
+step on the head node: the Ray driver, and the step submitit's ``SIGUSR2`` handler runs in (a
+checkpointable ``fn`` is checkpointed and the job requeued at preemption or the time limit).
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ from typing import Any
 
 from zeromismatch.io import atomic_write_json, atomic_write_text
 from zeromismatch.launch.profiles import ClusterProfile, load_profile
-from zeromismatch.launch.ray_cluster import ray_slurm_setup_lines, ray_slurm_teardown_lines
+from zeromismatch.launch.ray_cluster import (
+    ray_driver_srun_args,
+    ray_slurm_setup_lines,
+    ray_slurm_teardown_lines,
+)
 
 CLUSTERS = ("local", "debug", "slurm")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -94,7 +99,7 @@ def executor_parameters(
     job_name: str,
     setup: Sequence[str],
     teardown: Sequence[str] = (),
-    use_srun: bool = True,
+    srun_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Keyword arguments for ``AutoExecutor.update_parameters`` (generic names + ``slurm_*``)."""
     params: dict[str, Any] = {"name": job_name, **resources}
@@ -112,8 +117,8 @@ def executor_parameters(
         params["slurm_teardown"] = list(teardown)
     if profile.sbatch_extra:
         params["slurm_additional_parameters"] = dict(profile.sbatch_extra)
-    if not use_srun:
-        params["slurm_use_srun"] = False
+    if srun_args:
+        params["slurm_srun_args"] = list(srun_args)
     return params
 
 
@@ -222,14 +227,12 @@ def submit(
     if folder is None:
         folder = Path("runs") / "submitit" / job_name
     folder = Path(folder).expanduser().absolute()
-    setup, teardown = list(resolved_profile.setup), []
-    ray_on_slurm = cluster == "slurm" and ray
-    if ray_on_slurm:
+    setup, teardown, srun_args = list(resolved_profile.setup), [], []
+    if cluster == "slurm" and ray:
         setup += ray_slurm_setup_lines(folder, gpus_per_node=resources["gpus_per_node"])
         teardown = ray_slurm_teardown_lines()
-    params = executor_parameters(
-        resolved_profile, resources, job_name, setup, teardown, use_srun=not ray_on_slurm
-    )
+        srun_args = ray_driver_srun_args(resources["cpus_per_task"])
+    params = executor_parameters(resolved_profile, resources, job_name, setup, teardown, srun_args)
 
     import submitit
     from submitit.core.utils import JobPaths
