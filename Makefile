@@ -89,7 +89,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 vllm-venv: $(VLLM_VENV)/.installed
 
 vllm-test: $(VLLM_VENV)/.installed
-	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm_plugin
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm_plugin tests/cluster
 
 vllm-peer: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python benchmarks/vllm_peer.py --out results/reproduced/benchmarks/vllm_peer.json

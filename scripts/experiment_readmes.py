@@ -51,11 +51,13 @@ MINI_CAVEAT = (
     "magnitude."
 )
 GPU_NOTE = (
-    "The full-scale job needs the GPU integration (vLLM rollout + Megatron learner), which this build "
-    "does not include: a submitted job stops with that message; the dry run shows exactly what would run. "
+    "The full tier's job (a vLLM rollout actor and a Megatron-core learner under Ray, launched by "
+    "submitit on Slurm) runs here at smoke size with `--scale full-smoke` (see "
+    "[`cluster/README.md`](../../cluster/README.md)). A real `--scale full` submission is refused before "
+    "anything is submitted, naming each piece not built yet; the dry run shows exactly what would run. "
     "Each resolved config's `source_of` says, per value, whether the source states it, we assumed it, or "
-    "the mini arm carries it over (its loss, lag, sampling and dtype: the experiment's design, not the "
-    "publication's)."
+    "the mini arm carries it over (its loss, lag and sampling: the experiment's design, not the "
+    "publication's); the kernel set and dtype are the GPU tier's counterparts of the mini arm's."
 )
 
 
@@ -201,11 +203,13 @@ def _figures(value: Any) -> str:
 
 
 def published_setup(full) -> list[str]:
+    from zeromismatch.experiment.spec import FULL_SIZE_FIELDS, PUBLISHED_ENVS
+
     scale = [
         f"GPUs: {'not stated in the source' if full.gpus is None else full.gpus}",
         f"nodes: {full.nodes}",
         f"updates: {'not stated' if full.updates is None else full.updates}",
-        f"env: {full.env}",
+        f"env: `{full.env}` ({PUBLISHED_ENVS[full.env]})",
     ]
     if full.precision is not None:
         scale.append(f"precision {full.precision}")
@@ -214,11 +218,14 @@ def published_setup(full) -> list[str]:
     if full.context_tokens is not None:
         scale.append(f"context {full.context_tokens} tokens")
     source = full.source or "not recorded"
+    stated = ", ".join(f"{key} {value}" for key, value in full.sizes.items()) or "none"
+    unstated = ", ".join(key for key in FULL_SIZE_FIELDS if key not in full.sizes) or "none"
     lines = [
         f"- model: {full.model}; rollout: {full.rollout_engine}; trainer: {full.trainer}",
         f"- {'; '.join(scale)}",
         f"- source: {source} (see [`docs/sources.md`](../../docs/sources.md))",
         f"- chosen by us for the dry-run scripts (not published): {', '.join(full.assumed) or 'nothing'}",
+        f"- run sizes stated: {stated}; not stated (to set before a real run): {unstated}",
     ]
     if full.extra:
         figures = "; ".join(f"{key} ({_figures(value)})" for key, value in full.extra.items())
@@ -248,13 +255,24 @@ def _arms_label(arms: list[str]) -> str:
 # ------------------------------------------------------------------------------------ the README
 
 
-def run_it(name: str) -> list[str]:
+def run_it(name: str, full_smoke: bool = True) -> list[str]:
+    """The launch commands; ``full_smoke``: whether any smoke arm can run on the full tier's path."""
     commands = [
         (f"python experiments/{name}/launch.py --scale smoke", "seconds"),
         (
             f"python experiments/{name}/launch.py --scale mini",
             f"CPU minutes -> results/reproduced/{name}/mini/",
         ),
+        *(
+            [
+                (
+                    f".venv-vllm/bin/python experiments/{name}/launch.py --scale full-smoke --cluster slurm",
+                    f"the full tier's path at smoke size -> runs/{name}/full-smoke/",
+                )
+            ]
+            if full_smoke
+            else []
+        ),  # fmt: skip
         (
             f"python experiments/{name}/launch.py --scale full --cluster slurm --dry-run",
             f"sbatch scripts + resolved configs -> runs/full/{name}/",
@@ -267,6 +285,8 @@ def run_it(name: str) -> list[str]:
 
 def render(module: ModuleType) -> str:
     """The whole README of one experiment, from its loaded configs.py module."""
+    from zeromismatch.experiment.full import full_smoke_arms
+
     experiment = module.EXPERIMENT
     if not module.__doc__:
         raise ValueError(f"{module.__file__}: configs.py has no module docstring to open the README with")
@@ -293,7 +313,7 @@ def render(module: ModuleType) -> str:
         "",
         "## Run it",
         "",
-        *run_it(name),
+        *run_it(name, full_smoke=bool(full_smoke_arms(experiment)[0])),
         "",
         "## Published set-up (full scale)",
         "",

@@ -114,7 +114,7 @@ EXPERIMENT = Experiment(
         gpus=None,
         nodes=4,
         updates=101,
-        env="math reasoning RL (dataset not named in the source)",
+        env="math-reasoning",
         precision="fp8-block",
         source="S1",
         # S1 says "more than 100" updates and names no weight format for DeepSeek-V4-Flash (FP8/MXFP4

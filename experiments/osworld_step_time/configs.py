@@ -53,7 +53,7 @@ EXPERIMENT = Experiment(
         gpus=None,
         nodes=2,
         updates=None,
-        env="OSWorld",
+        env="osworld",
         source="S3",
         assumed=("nodes", "model"),
     ),

@@ -151,7 +151,7 @@ EXPERIMENT = Experiment(
         gpus=None,
         nodes=2,
         updates=None,
-        env="math reasoning",
+        env="math-reasoning",
         source="S2",
         assumed=("nodes", "model", "env"),
     ),

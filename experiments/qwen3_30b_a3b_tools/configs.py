@@ -47,7 +47,7 @@ EXPERIMENT = Experiment(
         gpus=None,
         nodes=2,
         updates=3000,
-        env="tool-use tasks (macro pass@1)",
+        env="tool-use-tasks",
         source="S3",
         assumed=("nodes",),
     ),

@@ -79,7 +79,7 @@ _MATH_REASONING = FullScale(
     gpus=None,
     nodes=1,
     updates=20000,
-    env="math reasoning (online AIME24 pass@1)",
+    env="math-reasoning-aime24",
     source="S3",
     assumed=("model", "nodes", "trainer"),
 )
@@ -95,7 +95,7 @@ EXPERIMENT = Experiment(
         gpus=16,
         nodes=2,
         updates=5000,
-        env="Python tool use",
+        env="python-tools",
         lag=64,
         context_tokens=16384,
         source="S3",

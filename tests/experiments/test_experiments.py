@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from experiment_helpers import EXPERIMENTS, ROOT, load
 
 from zeromismatch.experiment.runner import run_experiment
@@ -111,6 +112,19 @@ def test_full_scale_rejects_unknown_arm_and_non_slurm_cluster_before_writing(tmp
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_full_scale_submission_is_refused_before_anything_is_written(tmp_path, name):
+    # a real --scale full names every piece the full tier still lacks, in one line, and submits nothing
+    argv = [sys.executable, str(ROOT / "experiments" / name / "launch.py"), "--scale", "full",
+            "--cluster", "slurm", "--out-root", str(tmp_path / "out")]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"{name}: not submitting {name}/full: not built yet: ")
+    assert "no GPU kernel set is built" in line
+    assert not (tmp_path / "out").exists()
+
+
 def test_full_scale_keeps_the_lag_of_non_headline_arms(tmp_path):
     experiment = load("reinforce_zero_lag64")
     run_experiment(experiment, "full", ["aligned_lag8", "aligned"], cluster="slurm", dry_run=True,
@@ -123,7 +137,13 @@ def test_full_scale_keeps_the_lag_of_non_headline_arms(tmp_path):
 def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting():
     import dataclasses
 
-    from zeromismatch.experiment.full import ARM_CHOICE_FIELDS, PUBLISHED_FIELDS, full_scale_configs
+    from zeromismatch.experiment.full import (
+        ARM_CHOICE_FIELDS,
+        GPU_KERNELS,
+        PUBLISHED_FIELDS,
+        full_scale_configs,
+    )
+    from zeromismatch.experiment.spec import FULL_SIZE_FIELDS, PUBLISHED_ENVS
     from zeromismatch.rl import RLConfig
 
     fields = {f.name for f in dataclasses.fields(RLConfig)}
@@ -137,23 +157,35 @@ def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting
             assert fields == (set(config) & fields) | set(dropped), (name, arm)
             assert not set(config) & set(dropped)
             assert "max_new_tokens" in dropped and "env_options" in dropped and "sft_steps" in dropped
-            assert config["kernels"] == minis[arm].kernels
             full = experiment.full_for(arm)
             assert config["model"] == full.model and config["steps"] == full.updates
+            # what the GPU tier needs, not the mini arm's CPU choices: the GPU counterpart of its kernel
+            # set, bf16 unless the publication names a dtype, a named env, the sizes it must set
+            assert config["kernels"] == GPU_KERNELS[minis[arm].kernels]
+            assert config["kernels"] != "aligned" and config["dtype"] == (
+                full.precision if full.precision in ("float32", "bfloat16") else "bfloat16"
+            )
+            assert config["env"] in PUBLISHED_ENVS and resolved["env_is"] == PUBLISHED_ENVS[config["env"]]
+            assert set(resolved["sizes_not_stated"]) | (set(config) & set(FULL_SIZE_FIELDS)) == set(
+                FULL_SIZE_FIELDS
+            )
 
 
 def test_full_scale_config_says_where_each_value_comes_from():
     """``source_of``: a reviewer must tell a published value from one we assumed or one the mini arm
     carries (found by review: fp32 dtypes and mini lags read as published)."""
     from zeromismatch.experiment.full import full_scale_configs
+    from zeromismatch.experiment.spec import FULL_SIZE_FIELDS
 
     for name in EXPERIMENTS:
         for arm, resolved in full_scale_configs(load(name)).items():
-            assert set(resolved["source_of"]) == set(resolved["config"]), (name, arm)
+            assert set(resolved["source_of"]) == set(resolved["config"]) | set(FULL_SIZE_FIELDS), (name, arm)
     deepseek = full_scale_configs(load("deepseek_v4_flash_100steps"))["aligned"]["source_of"]
     assert deepseek["model"] == "source S1" and deepseek["steps"] == "assumed"
     assert deepseek["quant"] == "assumed"
-    assert deepseek["dtype"] == "mini arm" and deepseek["algo"] == "mini arm"
+    assert deepseek["dtype"].startswith("assumed: bf16") and deepseek["algo"] == "mini arm"
+    assert deepseek["kernels"] == "mini arm's 'aligned-native', as its GPU counterpart (GPU_KERNELS)"
+    assert deepseek["lr"].startswith("not stated in S1")
     lag64 = full_scale_configs(load("reinforce_zero_lag64"))
     assert lag64["aligned"]["source_of"]["lag"] == "source S3"  # S3: lag 64 in agentic tool use
     assert lag64["aligned"]["config"]["lag"] == 64
@@ -177,27 +209,23 @@ def test_arms_of_another_published_run_resolve_to_that_run():
     assert "math" in math["config"]["env"] and math["published"]["model"] == math["config"]["model"]
 
 
-def test_full_scale_without_backend_refuses_to_submit_or_to_succeed(tmp_path, monkeypatch):
-    import importlib
+def test_a_full_job_on_a_node_without_the_full_tier_fails_naming_each_missing_piece(tmp_path):
+    # what a hand-submitted job (or a resubmitted dry-run script) does here: it fails, and writes nothing
+    from zeromismatch.experiment.full import full_scale_configs, run_full_arm
 
-    import zeromismatch.experiment.full as full
-
-    submit_module = importlib.import_module("zeromismatch.launch.submit")
-    monkeypatch.setattr(full, "FULL_SCALE_BACKEND", "zeromismatch.integrations.no_such_backend")
-    monkeypatch.setattr(submit_module, "submit", lambda *a, **k: pytest.fail("submitted without a backend"))
-    with pytest.raises(RuntimeError, match="no_such_backend"):
-        run_experiment(load("reinforce_zero_lag64"), "full", cluster="slurm", out_root=tmp_path)
+    resolved = full_scale_configs(load("reinforce_zero_lag64"))["aligned"]
+    with pytest.raises(RuntimeError, match="reinforce_zero_lag64/full/aligned cannot run here: ") as err:
+        run_full_arm("reinforce_zero_lag64", resolved, str(tmp_path / "aligned"))
+    assert "kernels='aligned-triton': no GPU kernel set is built" in str(err.value)
+    assert "env='python-tools' (agentic tool use with Python tools, 16K context (S3)): not built" in str(
+        err.value
+    )
+    assert "sizes the source does not state: lr, group_size, prompts_per_step, max_new_tokens" in str(
+        err.value
+    )
+    if not torch.cuda.is_available():
+        assert "no CUDA GPU on this node" in str(err.value)
     assert not list(tmp_path.iterdir())
-    with pytest.raises(RuntimeError, match="no_such_backend"):
-        full.run_full_arm("reinforce_zero_lag64", {"arm": "aligned"})
-
-
-def test_run_full_arm_names_the_missing_entry_point(monkeypatch):
-    import zeromismatch.experiment.full as full
-
-    monkeypatch.setattr(full, "FULL_SCALE_BACKEND", "zeromismatch.integrations")
-    with pytest.raises(NotImplementedError, match="run_arm"):
-        full.run_full_arm("reinforce_zero_lag64", {"arm": "aligned"})
 
 
 def test_launcher_rejects_out_root_that_is_a_file(tmp_path):

@@ -123,7 +123,7 @@ def test_an_arm_another_launcher_is_running_is_skipped_and_left_alone(tmp_path, 
 
     trained = []
 
-    def fake_train(config, out, quiet=True):
+    def fake_train(config, out, resume=False, quiet=True):
         out.mkdir(parents=True)
         (out / "summary.json").write_text("{}")
         trained.append(out.name)

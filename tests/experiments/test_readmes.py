@@ -92,13 +92,20 @@ def test_cells_escape_table_pipes_and_common_base_needs_arms():
 
 def test_published_setup_says_what_the_source_does_not_state():
     full = FullScale(
-        model="m", rollout_engine="vllm", trainer="megatron", gpus=None, nodes=3, updates=None, env="e",
+        model="m", rollout_engine="vllm", trainer="megatron", gpus=None, nodes=3, updates=None, env="osworld",
         source="S9", extra={"run": {"gpus": 8, "hours": 1.5}},
     )  # fmt: skip
     lines = readmes.published_setup(full)
-    assert lines[1] == "- GPUs: not stated in the source; nodes: 3; updates: not stated; env: e"
+    assert (
+        lines[1]
+        == "- GPUs: not stated in the source; nodes: 3; updates: not stated; env: `osworld` (OSWorld (S3))"
+    )
     assert lines[3] == "- chosen by us for the dry-run scripts (not published): nothing"
-    assert lines[4] == "- other published figures: run (gpus 8, hours 1.5)"
+    assert lines[4] == (
+        "- run sizes stated: none; not stated (to set before a real run): lr, group_size, prompts_per_step, "
+        "max_new_tokens"
+    )
+    assert lines[5] == "- other published figures: run (gpus 8, hours 1.5)"
 
 
 def test_check_writes_nothing_and_the_default_writes_then_passes(tmp_path, capsys):

@@ -20,7 +20,7 @@ ARM = _Arm()  # run_arm reads only .config, which the fake train below ignores
 
 
 def _fake_train(tag: str):
-    def train(config, out, quiet=True):
+    def train(config, out, resume=False, quiet=True):
         out.mkdir(parents=True)
         (out / "summary.json").write_text(json.dumps({"tag": tag}))
         return {"tag": tag}
@@ -52,7 +52,7 @@ def test_a_crash_between_the_renames_is_recovered(tmp_path, monkeypatch):
     monkeypatch.setattr(runner.os, "replace", real_replace)
     assert not final.exists() and _tag(tmp_path / ".arm.old") == "old"  # the old result is aside, whole
 
-    def failing_train(config, out, quiet=True):
+    def failing_train(config, out, resume=False, quiet=True):
         raise ValueError("the rerun fails")
 
     monkeypatch.setattr(zeromismatch.rl, "train", failing_train)

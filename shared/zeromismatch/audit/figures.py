@@ -29,7 +29,13 @@ from .verdicts import Verdict
 
 FIGURES_DIR = "figures"
 PUBLISHED_COLOR = "#6b6b6b"
-SCALE_COLORS = {"full": "#0072b2", "mini": "#009e73", "smoke": "#cc79a7", "benchmark": "#e69f00"}
+SCALE_COLORS = {
+    "full": "#0072b2",
+    "mini": "#009e73",
+    "smoke": "#cc79a7",
+    "full-smoke": "#d55e00",
+    "benchmark": "#e69f00",
+}
 VERDICT_COLORS = {
     "reproduced-exact": "#1a7f37",
     "reproduced-direction": "#2da44e",

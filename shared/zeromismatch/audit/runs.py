@@ -18,8 +18,9 @@ are samples of one quantity, and a claim must say how to combine them.
 Directories whose names start with ``.`` are skipped: ``.<arm>.partial/`` is a run still being
 written, which judges nothing until it is renamed into place.
 
-Claims are judged at scales ``full`` then ``mini`` (``JUDGED_SCALES``); smoke runs are plumbing
-checks and judge nothing unless a claim's test lists ``smoke``.
+Claims are judged at scales ``full`` then ``mini`` (``JUDGED_SCALES``); ``smoke`` and
+``full-smoke`` runs (the full tier's code path at smoke size: Ray, vLLM, Megatron-core) are plumbing
+checks and judge nothing unless a claim's test lists their scale.
 
 An operand for arm A is read from a candidate's own files as key ``A.<key>`` (or, in metrics
 records with ``"arm": "A"``, key ``<key>``), else from its arm data dir ``A/`` as ``<key>``.
@@ -40,7 +41,7 @@ import numpy as np
 
 from .registry import AuditInputError, read_json
 
-SCALES = ("full", "mini", "smoke")
+SCALES = ("full", "mini", "full-smoke", "smoke")
 # Smoke runs check plumbing in seconds; a claim is judged on them only if its test lists "smoke".
 JUDGED_SCALES = ("full", "mini")
 BENCHMARKS_DIR = "benchmarks"

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..checkout import checkout_in_use, checkout_root, find_checkout, inside_results
 from ..io import DirectoryLockedError, check_directory_path, directory_lock
 from ..manifest import write_manifest
-from .full import FULL_PROFILE, submit_full
+from .full import FULL_PROFILE, FULL_SMOKE_PROFILE, run_full_smoke, submit_full
 from .spec import SCALES, Arm, Experiment
 
 CLUSTERS = ("inline", "local", "debug", "slurm")
@@ -36,8 +36,14 @@ MINI_PROFILE = "local-cpu"  # the cluster profile mini/smoke jobs ask for unless
 SUBMITIT_DIR = ".submitit"  # hidden: the audit skips dot-directories under results/
 
 
-def run_arm(arm: Arm, final_dir: str, quiet: bool = True) -> dict:
+def run_arm(
+    arm: Arm, final_dir: str, quiet: bool = True, resumable: bool = False, extra_json: dict | None = None
+) -> dict:
     """Train one arm into ``final_dir`` atomically; returns its summary.
+
+    ``resumable``: a ``.<name>.partial`` left by an interrupted call (a requeued Slurm job) that holds
+    the run's config.json is resumed from its last checkpoint instead of being started over.
+    ``extra_json``: files (name -> JSON value) written into the run before it is sealed.
 
     A rerun replaces the old result by renames only: old -> ``.<name>.old``, new -> ``final_dir``, then
     the old copy is deleted. A crash between the renames leaves the old result aside, which the next
@@ -50,10 +56,11 @@ def run_arm(arm: Arm, final_dir: str, quiet: bool = True) -> dict:
     final = Path(final_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     with directory_lock(final.parent, f"run of arm {final.name}", name=f".{final.name}.lock"):
-        return _replace_arm(arm, final, quiet)
+        return _replace_arm(arm, final, quiet, resumable, extra_json or {})
 
 
-def _replace_arm(arm: Arm, final: Path, quiet: bool) -> dict:
+def _replace_arm(arm: Arm, final: Path, quiet: bool, resumable: bool, extra_json: dict) -> dict:
+    from ..io import atomic_write_json
     from ..rl import train
 
     tmp = final.parent / f".{final.name}.partial"
@@ -63,8 +70,12 @@ def _replace_arm(arm: Arm, final: Path, quiet: bool) -> dict:
             shutil.rmtree(aside)  # the crash came after the new result was in place: the old one is done
         else:
             os.replace(aside, final)  # the crash came between the renames: the old result is the result
-    shutil.rmtree(tmp, ignore_errors=True)
-    summary = train(arm.config, tmp, quiet=quiet)
+    resume = resumable and (tmp / "config.json").is_file()
+    if not resume:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = train(arm.config, tmp, resume=resume, quiet=quiet)
+    for name, value in extra_json.items():
+        atomic_write_json(tmp / name, value)
     write_manifest(tmp)  # sealed before it is renamed into place, whichever executor wrote it
     if final.exists():
         os.replace(final, aside)
@@ -92,7 +103,7 @@ def default_out_root(experiment: Experiment, scale: str) -> Path:
     """``runs/`` (full), ``runs/smoke`` (smoke) or ``results/reproduced`` (mini) of the experiment's
     checkout (:func:`experiment_checkout`, else the cwd's); NoCheckoutError when there is none."""
     root = experiment_checkout(experiment) or checkout_root("--out-root DIR")
-    defaults = {"full": root / "runs", "smoke": root / "runs" / "smoke"}
+    defaults = {"full": root / "runs", "full-smoke": root / "runs", "smoke": root / "runs" / "smoke"}
     return defaults.get(scale, root / "results" / "reproduced")
 
 
@@ -137,8 +148,12 @@ def _run_experiment(
         out = Path(out_root) if out_root else default_out_root(experiment, scale)
         return submit_full(experiment, arms, dry_run, out, profile or FULL_PROFILE)
     out_root = Path(out_root) if out_root else default_out_root(experiment, scale)
-    if scale == "smoke" and inside_results(out_root):
-        raise ValueError(f"--out-root {out_root} is inside a checkout's results/: smoke runs never go there")
+    if scale in ("smoke", "full-smoke") and inside_results(out_root):
+        raise ValueError(
+            f"--out-root {out_root} is inside a checkout's results/: {scale} runs never go there"
+        )
+    if scale == "full-smoke":
+        return run_full_smoke(experiment, arms, cluster, out_root, profile, force, dry_run)
     check_directory_path(out_root, "--out-root")
     chosen = experiment.arms_for(scale)
     if arms:
@@ -223,10 +238,10 @@ def launch_main(experiment: Experiment, argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rerun arms that already have results")
     parser.add_argument("--out-root", default=None,
                         help="default, in this launcher's checkout: results/reproduced "
-                             "(runs/smoke for --scale smoke, runs/ for --scale full)")  # fmt: skip
+                             "(runs/smoke for --scale smoke, runs/ for full-smoke and full)")  # fmt: skip
     parser.add_argument("--profile", default=None,
                         help=f"cluster profile for submitit jobs (default: {MINI_PROFILE}; "
-                             f"{FULL_PROFILE} for --scale full)")  # fmt: skip
+                             f"{FULL_SMOKE_PROFILE} for full-smoke, {FULL_PROFILE} for full)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     try:

@@ -10,7 +10,8 @@ from typing import Any
 
 from ..rl.config import RLConfig
 
-SCALES = ("smoke", "mini", "full")
+#: full-smoke: the smoke arms on the full tier's code path (experiment/full.py::run_full_smoke)
+SCALES = ("smoke", "mini", "full-smoke", "full")
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,26 @@ class Arm:
         return [(f"{self.name}/seed{seed}", self.config.replace(seed=seed)) for seed in self.seeds]
 
 
+#: the environments of the published runs, by the name a full-scale config carries, with what each is
+#: in the sources' words (docs/sources.md). None is built: the project's envs (``envs/``) are small
+#: stand-ins for them.
+PUBLISHED_ENVS = {
+    "python-tools": "agentic tool use with Python tools, 16K context (S3)",
+    "math-reasoning": "math reasoning RL, dataset not named (S1, S2)",
+    "math-reasoning-aime24": "math reasoning, evaluated by online AIME24 pass@1 (S3)",
+    "tool-use-tasks": "tool-use tasks, scored by macro pass@1 (S3)",
+    "osworld": "OSWorld (S3)",
+    "swe-bench-pro": "SWE-bench Pro (S1)",
+}
+#: what a mini arm sizes for a tiny model on a laptop and a full run must size from its publication
+FULL_SIZE_FIELDS = ("lr", "group_size", "prompts_per_step", "max_new_tokens")
+
+
 @dataclass(frozen=True)
 class FullScale:
     """The published configuration, as far as the sources state it. ``None`` = not published;
-    ``assumed`` lists the fields we had to choose ourselves for the dry-run scripts."""
+    ``assumed`` lists the fields we had to choose ourselves for the dry-run scripts. ``env`` names a
+    ``PUBLISHED_ENVS`` entry; ``sizes`` holds the ``FULL_SIZE_FIELDS`` the source states."""
 
     model: str
     rollout_engine: str
@@ -53,6 +70,16 @@ class FullScale:
     source: str = ""
     assumed: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    sizes: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.env not in PUBLISHED_ENVS:
+            raise ValueError(
+                f"FullScale.env {self.env!r} is not one of PUBLISHED_ENVS {sorted(PUBLISHED_ENVS)}"
+            )
+        unknown = sorted(set(self.sizes) - set(FULL_SIZE_FIELDS))
+        if unknown:
+            raise ValueError(f"FullScale.sizes: {unknown} are not among FULL_SIZE_FIELDS {FULL_SIZE_FIELDS}")
 
 
 @dataclass(frozen=True)
@@ -78,6 +105,8 @@ class Experiment:
             raise ValueError(
                 "full scale runs on the GPU cluster; see launch.py --scale full --cluster slurm --dry-run"
             )
+        if scale == "full-smoke":
+            raise ValueError("full-smoke arms are the smoke arms on the full tier's path: full_smoke_arms()")
         if scale not in self.arms:
             raise ValueError(f"{self.name} has no {scale!r} configuration (has {sorted(self.arms)})")
         arms = self.arms[scale]()
