@@ -179,7 +179,9 @@ def test_a_requeued_job_with_killed_actors_resumes_to_the_uninterrupted_weights(
     assert [r["step"] for r in _records(run)] == list(range(6))  # every step once
     assert all(r["kernel_k3_kl"] == 0.0 for r in _records(run))
     provenance = json.loads((run / "provenance.json").read_text())
-    assert len(provenance["restarts"]) == 1 and provenance["restarts"][0]["resumed_at_step"] >= 2
+    # two restarts, in either order: the learner's replacement (from the step-2 checkpoint) and the requeue
+    restarts = provenance["restarts"]
+    assert len(restarts) == 2 and all(r["resumed_at_step"] >= 2 for r in restarts), restarts
     # every step took a gradient, so equal weights are not the warm start surviving both runs unchanged
     assert all(r["grad_norm_preclip"] > 0 for r in _records(run))
     assert summary["weights_sha256"] == reference["weights_sha256"]

@@ -33,6 +33,13 @@ def test_killed_rollout_actor_is_restarted_and_the_run_is_unchanged(tmp_path, ra
     assert [r["step"] for r in records] == list(range(5))  # every batch once
     assert records == read_metrics(tmp_path / "inprocess")
     assert summary["weights_sha256"] == reference["weights_sha256"]
+    # the actors ran in one placement group (the restarted actor in its own bundle again), released
+    # at the end: a finished run holds no reservation
+    import ray
+
+    groups = ray.util.placement_group_table().values()
+    assert groups and all(g["state"] == "REMOVED" for g in groups)
+    assert all(list(g["bundles"].values()) == [{"CPU": 1.0}, {"CPU": 1.0}] for g in groups)
 
 
 def test_a_stale_prefix_cache_run_is_not_restarted(tmp_path, ray_session, monkeypatch):

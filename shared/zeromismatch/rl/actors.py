@@ -32,6 +32,9 @@ last start of the run); its prefix-cache counters cover each incarnation from it
 whose prefix cache ignores weight versions (``prefix_cache_versioned=False``, S2's stale-cache bug) is
 neither restarted nor resumed: its batches depend on what the lost cache held.
 
+Both actors run in one placement group per run (``ACTOR_BUNDLES``, one bundle each), reserved before
+either starts and released when the run ends.
+
 Ray is started by ``zeromismatch.launch.ray_cluster.init_ray`` (auth token off, no dashboard;
 it joins a Slurm-started cluster when ``$ZM_RAY_ADDRESS`` is set).
 """
@@ -163,6 +166,30 @@ def _check_cluster_cpus() -> None:
         )
 
 
+#: one bundle per actor (rollout, learner); GPUs join them on a GPU profile
+ACTOR_BUNDLES = ({"CPU": 1}, {"CPU": 1})
+
+
+def _reserve_actor_bundles(timeout_s: float = 120.0):
+    """A placement group holding both actors' resources for the whole run: reserved at once (a run
+    never holds half of what it needs while another job holds the rest), kept across a learner
+    replacement (the new actor takes the dead one's bundle), released at the end. ``PACK``: both on
+    one node when they fit, else spread over the allocation."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group(list(ACTOR_BUNDLES), strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise ValueError(
+            f"the Ray cluster could not reserve the actors' resources {list(ACTOR_BUNDLES)} "
+            f"within {timeout_s} s"
+        ) from None
+    return group
+
+
 def _is_dead(actor) -> bool:
     import ray
 
@@ -182,8 +209,6 @@ class RayRun(Run):
         return self._holding_run_dir(lambda: self._run_ray(resume, threads_per_actor))
 
     def _run_ray(self, resume: bool, threads_per_actor: int) -> dict:
-        import ray
-
         c = self.config
         previous, latest = self._start_checks(resume)
         eval_task_seeds(c)
@@ -198,12 +223,24 @@ class RayRun(Run):
             record["warm_start"] = provenance_entry(c, self.quiet)
         init_ray()
         _check_cluster_cpus()
+        group = _reserve_actor_bundles()
+        try:
+            return self._run_actors(group, state, record, previous, latest, threads_per_actor)
+        finally:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(group)
+
+    def _run_actors(self, group, state, record, previous, latest, threads_per_actor: int) -> dict:
+        import ray
+
+        c = self.config
         reason = None
         for learner_restarts in range(LEARNER_RESTARTS + 1):
             start_step = state["extra"]["next_step"] if state is not None else 0
             self._truncate_metrics(start_step)
             self._write_start(record, previous, latest, start_step, reason)
-            rollout, learner = self._start_actors(threads_per_actor)
+            rollout, learner = self._start_actors(group, threads_per_actor)
             try:
                 return self._drive(rollout, learner, state, learner_restarts)
             except ray.exceptions.RayActorError:
@@ -223,16 +260,21 @@ class RayRun(Run):
                 print(f"{self.out}: {reason}", flush=True)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _start_actors(self, threads_per_actor: int):
+    def _start_actors(self, group, threads_per_actor: int):
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        def bundle(index: int) -> dict:
+            strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+            return {"num_cpus": ACTOR_BUNDLES[index]["CPU"], "scheduling_strategy": strategy}
 
         c = self.config
         restarts = ROLLOUT_RESTARTS if c.prefix_cache_versioned or not c.enable_prefix_caching else 0
-        restartable = ray.remote(num_cpus=1, max_restarts=restarts, max_task_retries=restarts)
+        restartable = ray.remote(max_restarts=restarts, max_task_retries=restarts, **bundle(0))
         rollout = restartable(_RolloutActor).remote(
             c.to_dict(), threads_per_actor, os.environ.get(KILL_ROLLOUT_ENV)
         )
-        learner = ray.remote(num_cpus=1)(_LearnerActor).remote(
+        learner = ray.remote(**bundle(1))(_LearnerActor).remote(
             c.to_dict(), threads_per_actor, os.environ.get(KILL_LEARNER_ENV)
         )
         return rollout, learner
