@@ -165,6 +165,7 @@ def test_full_scale_config_carries_arm_choices_and_names_every_mini_only_setting
             assert config["kernels"] != "aligned" and config["dtype"] == (
                 full.precision if full.precision in ("float32", "bfloat16") else "bfloat16"
             )
+            assert config["checkpoint_every"] > 0  # a requeued job resumes instead of starting over
             assert config["env"] in PUBLISHED_ENVS and resolved["env_is"] == PUBLISHED_ENVS[config["env"]]
             assert set(resolved["sizes_not_stated"]) | (set(config) & set(FULL_SIZE_FIELDS)) == set(
                 FULL_SIZE_FIELDS

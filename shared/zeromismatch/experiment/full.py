@@ -39,6 +39,14 @@ PUBLISHED_FIELDS = ("model", "env", "steps", "dtype", "executor", "trainer", "ro
 #: failed on the H200, so an aligned arm asks for the GPU set with their contract; stock kernels stay
 #: stock (vLLM's and Megatron-core's own on GPUs).
 GPU_KERNELS = {"aligned": "aligned-triton", "aligned-native": "aligned-triton", "default": "default"}
+#: a full job checkpoints every this many steps: what a requeued job (a preemption, the time limit)
+#: resumes from; chosen by us, like the executor
+FULL_CHECKPOINT_EVERY = 50
+#: resolved config keys the launcher sets, and why
+_LAUNCHER_SET = {
+    "executor": "launcher (full runs use the Ray executor)",
+    "checkpoint_every": "launcher (what a requeued job resumes from)",
+}
 #: the compute dtype of a full run unless FullScale.precision names one: bf16, with fp32 master weights
 #: in the learner (Megatron-core's mixed precision) -- the GPU stacks' dtype, not the CPU tier's fp32
 GPU_DTYPE = "bfloat16"
@@ -85,14 +93,14 @@ def full_scale_configs(experiment: Experiment) -> dict[str, dict]:
         config.update(
             model=full.model, env=full.env, steps=full.updates, **_precision_fields(experiment, full, mini),
             executor="ray", rollout_engine=full.rollout_engine, trainer=full.trainer,
-            context_tokens=full.context_tokens, **full.sizes,
+            context_tokens=full.context_tokens, checkpoint_every=FULL_CHECKPOINT_EVERY, **full.sizes,
         )  # fmt: skip
         for side in ("kernels", "rollout_kernels"):
             if config[side] is not None:
                 config[side] = _gpu_kernels(experiment, arm.name, config[side])
         if config["lag"] and config["lag"] == headline_lag and full.lag is not None:
             config["lag"] = full.lag
-        not_carried = sorted(set(mini) - set(ARM_CHOICE_FIELDS) - set(PUBLISHED_FIELDS) - set(full.sizes))
+        not_carried = sorted(set(mini) - set(config))
         configs[arm.name] = {"arm": arm.name, "scale": "full", "note": arm.note, "config": config,
                              "env_is": PUBLISHED_ENVS[full.env],
                              "source_of": _sources_of(full, config, mini),
@@ -140,7 +148,7 @@ def _sources_of(full: FullScale, config: dict, mini: dict) -> dict[str, str]:
         if key == "lag" and not (full.lag is not None and value == full.lag):
             field_name = None  # a lag ablation keeps its mini lag
         if field_name is None:
-            sources[key] = "launcher (full runs use the Ray executor)" if key == "executor" else "mini arm"
+            sources[key] = _LAUNCHER_SET.get(key, "mini arm")
         elif field_name in full.assumed:
             sources[key] = "assumed"
         elif field_name not in FULL_SIZE_FIELDS and getattr(full, field_name) is None:
@@ -175,8 +183,9 @@ def run_full_arm(experiment_name: str, resolved: dict, final_dir: str) -> dict:
 class ArmJob:
     """A full-tier Slurm job, checkpointable by submitit's protocol: at ``SIGUSR2`` (the time limit
     near, or a preemption) submitit calls :meth:`checkpoint` and requeues the job with what it returns.
-    The run checkpoints every step on its own, so the resubmission is the same call: it resumes the
-    arm's ``.partial`` run from the last checkpoint on disk."""
+    The run checkpoints on its own (``checkpoint_every``: every step at full-smoke,
+    ``FULL_CHECKPOINT_EVERY`` at full), so the resubmission is the same call: it resumes the arm's
+    ``.partial`` run from the last checkpoint on disk."""
 
     def __call__(self, experiment_name: str, resolved: dict, final_dir: str) -> dict:
         return run_full_arm(experiment_name, resolved, final_dir)

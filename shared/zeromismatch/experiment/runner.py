@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..checkout import checkout_in_use, checkout_root, find_checkout, inside_results
-from ..io import DirectoryLockedError, check_directory_path, directory_lock
+from ..io import DirectoryLockedError, atomic_write_json, check_directory_path, directory_lock
 from ..manifest import write_manifest
 from .full import FULL_PROFILE, FULL_SMOKE_PROFILE, run_full_smoke, submit_full
 from .spec import SCALES, Arm, Experiment
@@ -60,7 +60,6 @@ def run_arm(
 
 
 def _replace_arm(arm: Arm, final: Path, quiet: bool, resumable: bool, extra_json: dict) -> dict:
-    from ..io import atomic_write_json
     from ..rl import train
 
     tmp = final.parent / f".{final.name}.partial"

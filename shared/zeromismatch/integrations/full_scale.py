@@ -13,15 +13,15 @@ read it like any run; its scale directory (``full-smoke``) labels it.
 
 Weights go from the learner actor to the rollout actor through Ray's object store (the driver hands
 the learner's state snapshot to the rollout actor, which loads it into its engine between batches);
-on GPUs the same interface is an NCCL broadcast between the two actors' ranks, a transport swap
-inside ``rl/actors.py`` that nothing here sees.
+on GPUs it would be an NCCL broadcast between the two actors' ranks, a transport swap inside
+``rl/actors.py`` that nothing here would see (not built).
 
 Fault tolerance (tests/cluster/test_full_smoke_slurm.py, tests/rl/test_rl_ray_resume.py): the run
-checkpoints every step; a killed rollout actor is restarted by Ray and regenerates its batch; a dead
-learner actor is replaced from the last checkpoint; a job interrupted by Slurm (``SIGUSR2`` before
-the time limit, or ``scancel --signal=USR2``) is checkpointed through submitit's protocol and
-requeued, and this function, called again, resumes the arm's ``.partial`` run from its last
-checkpoint.
+checkpoints (every step at full-smoke); a killed rollout actor is restarted by Ray and regenerates
+its batch; a dead learner actor is replaced from the last checkpoint; a job interrupted by Slurm
+(``SIGUSR2`` before the time limit, or ``scancel --signal=USR2``) is checkpointed through
+submitit's protocol and requeued, and this function, called again, resumes the arm's ``.partial``
+run from its last checkpoint.
 
 ``full`` (the published runs on GPUs) cannot run yet: :func:`missing_pieces` names what is not built,
 and the launcher refuses before submitting anything.

@@ -142,7 +142,9 @@ class _LearnerActor:
         return True
 
 
-ACTOR_CPUS = 2  # one rollout actor and one learner actor, one CPU each
+#: one bundle per actor (rollout, learner), CPUs only: GPUs per actor are not built
+ACTOR_BUNDLES = ({"CPU": 1}, {"CPU": 1})
+ACTOR_CPUS = sum(bundle["CPU"] for bundle in ACTOR_BUNDLES)
 
 
 def init_ray(num_cpus: int = ACTOR_CPUS) -> None:
@@ -164,10 +166,6 @@ def _check_cluster_cpus() -> None:
         raise ValueError(
             f"the Ray executor needs {ACTOR_CPUS} CPUs (one per actor) but the Ray cluster has {cpus}"
         )
-
-
-#: one bundle per actor (rollout, learner); GPUs join them on a GPU profile
-ACTOR_BUNDLES = ({"CPU": 1}, {"CPU": 1})
 
 
 def _reserve_actor_bundles(timeout_s: float = 120.0):
