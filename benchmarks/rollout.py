@@ -6,6 +6,10 @@ One run measures all three side by side on the same weights and the same prompts
 - ``engine-aligned-native``: the same engine with the aligned-native set (the aligned set with
   its hot ops in fixed-order C, kernels/native), when a C compiler is available
   (``--no-native`` skips it);
+- ``engine-fast-native``: the same engine with the fast-native set (kernels/fast_native.py: the
+  unaligned baseline of equal effort, step graphs on, the fastest op per call, batch-variant),
+  with aligned-native: ``ratio_aligned_native_over_fast_native`` is the like-for-like cost of
+  alignment (same engine features on both sides);
 - ``hf-generate``: Hugging Face transformers ``generate`` on a model built from the same
   config and loaded with the same HF state dict (``state_dict_hf``), left-padded batch,
   ``do_sample=True`` with the same temperature, ``top_k=0``, fixed ``max_new_tokens``
@@ -223,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     native = native_not_run is None
     if native_not_run and not args.no_native:
         print(f"rollout.py: engine-aligned-native not run: {native_not_run}", file=sys.stderr)
-    systems = ["engine-aligned", "engine-default"] + (["engine-aligned-native"] if native else [])
+    systems = ["engine-aligned", "engine-default"]
+    systems += ["engine-aligned-native", "engine-fast-native"] if native else []
     systems += [] if args.no_hf else ["hf-generate"]
     hf = None if args.no_hf else build_hf_model(model, dtype)
     # warm-up (allocator, lazy inits, the native library's build, and a step-graph capture: the
@@ -265,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         result["ratio_aligned_native_over_default_cpu"] = (
             cpu_medians["engine-aligned-native"] / cpu_medians["engine-default"]
+        )
+        result["ratio_aligned_native_over_fast_native"] = (
+            medians["engine-aligned-native"] / medians["engine-fast-native"]
+        )
+        result["ratio_aligned_native_over_fast_native_cpu"] = (
+            cpu_medians["engine-aligned-native"] / cpu_medians["engine-fast-native"]
         )
     if hf is not None:
         result["hf_same_weights_max_abs_logit_diff"] = hf_logits_gap(model, hf, prompts[0])

@@ -4,7 +4,9 @@
 reference (pure torch); ``get_kernels("default")`` is the fastest stock torch
 path, as a performance-minded, unaligned stack runs it; ``get_kernels("aligned-native")``
 is the aligned set with its hot ops (attention, the Mamba2 scan and conv, the GEMMs, norms, rope,
-the SwiGLU product, MoE experts) in fixed-order C (kernels/native). A GPU set registers itself
+the SwiGLU product, MoE experts) in fixed-order C (kernels/native); ``get_kernels("fast-native")``
+is the unaligned baseline of equal effort that alignment's cost is measured against
+(kernels/fast_native.py). A GPU set registers itself
 under its own name when its extra is installed. See docs/parity.md.
 """
 
@@ -52,6 +54,8 @@ def _register_builtin() -> None:
         register_kernels("default", DefaultKernels)
     if "aligned-native" not in _FACTORIES:
         register_kernels("aligned-native", _native_kernels)
+    if "fast-native" not in _FACTORIES:
+        register_kernels("fast-native", _fast_native_kernels)
 
 
 def _native_kernels() -> KernelSet:
@@ -61,6 +65,17 @@ def _native_kernels() -> KernelSet:
 
     _build.library()
     return NativeKernels()
+
+
+def _fast_native_kernels() -> KernelSet:
+    """The unaligned throughput baseline of equal effort (kernels/fast_native.py): the fastest op
+    at each call, native C where that is fastest, batch-variant GEMM choice, capturable."""
+    from .native import _build
+
+    _build.library()
+    from .fast_native import FastNativeKernels
+
+    return FastNativeKernels()
 
 
 __all__ = ["KernelSet", "QuantizedWeight", "available_kernels", "get_kernels", "register_kernels"]

@@ -1,0 +1,131 @@
+"""The fast-native kernel set: the unaligned throughput baseline of equal effort.
+
+Every cost-of-alignment ratio divides by this set (issue 33), so it has the engine features the
+aligned-native set has -- every op of a decode step is capturable, so step graphs replay it --
+and takes, op by op, the fastest path this project has on this CPU, batch-variant where that is
+faster:
+
+- GEMMs (``linear``, ``quant_linear``, ``lm_head``, ``row_parallel_linear``): at each call the
+  faster of MKL's ``F.linear`` and the native panel GEMM for that (M, K, N, dtype), by a static
+  rule measured on this machine (``_mkl_is_faster``). The choice follows M, the batch's token
+  count, so a row's bits depend on its batch: batch-variant, as cuBLAS heuristics are. oneDNN's
+  prepacked GEMM is not used: it was slower than the panel GEMM at every shape measured, and
+  its opaque weight cannot be replayed by a step graph. The lm_head runs in the activation
+  dtype (a bf16 head in bf16), upcast afterwards. Quantized weights are weight-only
+  (dequantized once, cached): there is no FP8 GEMM on this CPU, so W8A8's activation rounding
+  would only add work (the ``default`` set keeps the W8A8 numerics the fast stacks' *numerics*
+  follow).
+- attention, paged attention, the Mamba2 scan and conv, the MoE experts, norms, rope and the
+  SwiGLU product: the native C kernels without autograd (the fastest capturable code here, and
+  free of host reads); with autograd the stock torch ops of the ``default`` set (SDPA, chunked
+  SSD, ``F.rms_norm``), whose backward is torch's own.
+- routing, ``relu2``, log-softmax: the ``default`` set's stock torch ops.
+
+What a performance-minded engineer would still do that this set does not: split-K GEMMs and a
+split-KV decode attention sized by the batch when threads outnumber output tiles (batch 1 at 2+
+threads), a grouped GEMM over all experts, fused norm+GEMM and rope+attention, and per-machine
+autotuning of the GEMM choice instead of one static rule.
+
+    python benchmarks/rollout.py --model tiny-qwen3 --no-hf
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._modules import kernel_set_from_modules
+from .base import QuantizedWeight
+from .default import dense as stock
+from .default import sequence as stock_sequence
+from .native import attention as native_attention
+from .native import conv as native_conv
+from .native import experts as native_experts
+from .native import gemm as native_gemm
+from .native import pointwise as native_pointwise
+from .native import ssm as native_ssm
+from .native import swiglu as native_swiglu
+from .quant import cached_dequantize
+
+
+def _grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _mkl_is_faster(m: int, k: int, n: int, dtype: torch.dtype) -> bool:
+    """Shapes where MKL's ``F.linear`` beat the native panel GEMM (1 thread, AMD EPYC, median of 5
+    x 200 calls): fp32 with a small weight (K*N <= 2^17) at up to 8 rows (6.6 vs 9.1 us at 1 x
+    128 x 256); bf16 at 512+ rows with K <= 128 and N >= 512 (324 vs 376 us at 512 x 128 x 512).
+    Elsewhere the panel GEMM was faster (fp32 32 x 1024 x 1024: 638 vs 1513 us; bf16 1 x 1024 x
+    3072: 83 vs 283 us)."""
+    if dtype is torch.float32:
+        return k * n <= 2**17 and m <= 8
+    if dtype is torch.bfloat16:
+        return m >= 512 and k <= 128 and n >= 512
+    return True
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if _grad(x, weight, bias) or weight.dim() != 2 or x.dtype is not weight.dtype:
+        return F.linear(x, weight, bias)
+    k = x.shape[-1]
+    m = x.numel() // k if k else 0
+    if m == 0 or _mkl_is_faster(m, k, weight.shape[0], x.dtype):
+        return F.linear(x, weight, bias)
+    return native_gemm.linear(x, weight, bias)
+
+
+def quant_linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if not isinstance(qweight, QuantizedWeight):
+        raise TypeError(f"qweight must be a QuantizedWeight, got {type(qweight).__name__}")
+    n, k = qweight.shape
+    m = x.numel() // k if k else 0
+    if _grad(x, bias) or m == 0 or _mkl_is_faster(m, k, n, x.dtype):
+        return F.linear(x, cached_dequantize(qweight, x.dtype), bias)
+    return native_gemm.quant_linear(x, qweight, bias)
+
+
+def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    h2d = hidden.reshape(-1, hidden.shape[-1])
+    return linear(h2d, weight.to(h2d.dtype)).float()
+
+
+def row_parallel_linear(x_local, weight_local, bias=None, group=None, virtual_shards: int = 4):
+    out = linear(x_local, weight_local)
+    if group is not None:
+        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM, group=group)
+    return out if bias is None else out + bias
+
+
+def _native_unless_grad(name: str, native_module, grad_args: slice = slice(None)):
+    """The native op without autograd, the stock one with it (module docstring)."""
+    native_op, stock_op = getattr(native_module, name), getattr(stock, name, None)
+    stock_op = stock_op or getattr(stock_sequence, name)
+
+    def op(*args, **kwargs):
+        tensors = [a for a in args[grad_args] if isinstance(a, torch.Tensor)]
+        return (stock_op if _grad(*tensors) else native_op)(*args, **kwargs)
+
+    op.__name__ = name
+    op.__doc__ = f"native ``{name}`` without autograd, the default set's with it"
+    return op
+
+
+attention = _native_unless_grad("attention", native_attention)
+paged_attention = _native_unless_grad("paged_attention", native_attention)
+ssm_scan = _native_unless_grad("ssm_scan", native_ssm)
+causal_conv1d = _native_unless_grad("causal_conv1d", native_conv)
+moe_experts = _native_unless_grad("moe_experts", native_experts)
+rms_norm = _native_unless_grad("rms_norm", native_pointwise)
+gated_rms_norm = _native_unless_grad("gated_rms_norm", native_pointwise)
+rope = _native_unless_grad("rope", native_pointwise)
+silu_mul = _native_unless_grad("silu_mul", native_swiglu)
+moe_route = stock_sequence.moe_route
+relu2 = stock.relu2
+log_softmax = stock.log_softmax
+processed_log_softmax = stock.processed_log_softmax
+
+_this = __import__(__name__, fromlist=["linear"])
+FastNativeKernels = kernel_set_from_modules(
+    "FastNativeKernels", "fast-native", [_this], __doc__.splitlines()[0]
+)
