@@ -1,7 +1,7 @@
 """The fast-native set (kernels/fast_native.py), the unaligned baseline that alignment's cost is
 measured against: its decode steps replay step graphs like the aligned-native set's (so a
-throughput ratio compares equal engine features), a replay gives its eager bits, and it is
-batch-variant where its GEMM choice follows the batch -- the inverse that keeps it a baseline."""
+throughput ratio compares equal engine features), a replay gives its eager bits, and its head
+runs in the activation dtype."""
 
 from __future__ import annotations
 
@@ -39,17 +39,18 @@ def test_decode_steps_replay_graphs_with_the_eager_bits(preset):
     assert default_stats["replays"] == 0 and default_stats["disabled_reason"]
 
 
-def test_gemm_choice_follows_the_batch_so_a_row_depends_on_its_batch():
-    """fp32 with a 128 x 256 weight: up to 8 rows take MKL, more take the panel GEMM (the
-    measured rule), so row 0 alone and row 0 in a batch of 32 differ -- while aligned-native's
-    row 0 is the same in both (the inverse that makes the first check meaningful)."""
+def test_bf16_head_rounds_logits_to_bf16_where_aligned_native_keeps_fp32():
+    """The fast set's lm_head runs in the activation dtype (a bf16 head), as fast stacks do: its
+    logits are bf16 values; aligned-native's fp32-output head on the same bf16 inputs is not."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 128, generator=gen)
-    w = torch.randn(256, 128, generator=gen)
+    hidden = torch.randn(8, 128, generator=gen).bfloat16()
+    weight = torch.randn(512, 128, generator=gen).bfloat16()
     fast, aligned = get_kernels("fast-native"), get_kernels("aligned-native")
     with torch.no_grad():
-        assert not torch.equal(fast.linear(x[:1], w)[0], fast.linear(x, w)[0])
-        assert torch.equal(aligned.linear(x[:1], w)[0], aligned.linear(x, w)[0])
+        fast_logits, aligned_logits = fast.lm_head(hidden, weight), aligned.lm_head(hidden, weight)
+    assert fast_logits.dtype == aligned_logits.dtype == torch.float32
+    assert torch.equal(fast_logits, fast_logits.bfloat16().float())
+    assert not torch.equal(aligned_logits, aligned_logits.bfloat16().float())  # the inverse
 
 
 def test_with_autograd_it_takes_the_stock_ops_and_their_backward():

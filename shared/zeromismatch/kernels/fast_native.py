@@ -2,13 +2,17 @@
 
 Every cost-of-alignment ratio divides by this set (issue 33), so it has the engine features the
 aligned-native set has -- every op of a decode step is capturable, so step graphs replay it --
-and takes, op by op, the fastest path this project has on this CPU, batch-variant where that is
-faster:
+and takes, op by op, the fastest path this project has on this CPU, free to be batch-variant
+where that is faster. Measured: at the tiny presets' decode shapes the fastest capturable code
+is the fixed-order native C, so this set is mostly those kernels; it differs from aligned-native
+by its bf16 head, its prefill GEMM choice and its stock ops under autograd:
 
 - GEMMs (``linear``, ``quant_linear``, ``lm_head``, ``row_parallel_linear``): at each call the
   faster of MKL's ``F.linear`` and the native panel GEMM for that (M, K, N, dtype), by a static
   rule measured on this machine (``_mkl_is_faster``). The choice follows M, the batch's token
-  count, so a row's bits depend on its batch: batch-variant, as cuBLAS heuristics are. oneDNN's
+  count, as cuBLAS heuristics do; nothing promises a row's bits across batches (at the bf16
+  shapes measured MKL's result happened to have the panel GEMM's bits: both accumulate in fp32
+  and round once). oneDNN's
   prepacked GEMM is not used: it was slower than the panel GEMM at every shape measured, and
   its opaque weight cannot be replayed by a step graph. The lm_head runs in the activation
   dtype (a bf16 head in bf16), upcast afterwards. Quantized weights are weight-only
@@ -19,7 +23,8 @@ faster:
   SwiGLU product: the native C kernels without autograd (the fastest capturable code here, and
   free of host reads); with autograd the stock torch ops of the ``default`` set (SDPA, chunked
   SSD, ``F.rms_norm``), whose backward is torch's own.
-- routing, ``relu2``, log-softmax: the ``default`` set's stock torch ops.
+- routing: the native route without autograd (the stock torch route's ~10 small ops made MoE
+  decode 1.19x slower), the stock one with it; ``relu2``, log-softmax: the stock torch ops.
 
 What a performance-minded engineer would still do that this set does not: split-K GEMMs and a
 split-KV decode attention sized by the batch when threads outnumber output tiles (batch 1 at 2+
@@ -43,6 +48,7 @@ from .native import conv as native_conv
 from .native import experts as native_experts
 from .native import gemm as native_gemm
 from .native import pointwise as native_pointwise
+from .native import route as native_route
 from .native import ssm as native_ssm
 from .native import swiglu as native_swiglu
 from .quant import cached_dequantize
@@ -53,16 +59,15 @@ def _grad(*tensors: torch.Tensor | None) -> bool:
 
 
 def _mkl_is_faster(m: int, k: int, n: int, dtype: torch.dtype) -> bool:
-    """Shapes where MKL's ``F.linear`` beat the native panel GEMM (1 thread, AMD EPYC, median of 5
-    x 200 calls): fp32 with a small weight (K*N <= 2^17) at up to 8 rows (6.6 vs 9.1 us at 1 x
-    128 x 256); bf16 at 512+ rows with K <= 128 and N >= 512 (324 vs 376 us at 512 x 128 x 512).
-    Elsewhere the panel GEMM was faster (fp32 32 x 1024 x 1024: 638 vs 1513 us; bf16 1 x 1024 x
-    3072: 83 vs 283 us)."""
-    if dtype is torch.float32:
-        return k * n <= 2**17 and m <= 8
+    """Shapes where MKL's ``F.linear`` beat the native panel GEMM in the engine: bf16 at 512+ rows
+    with K <= 128 and N >= 512 (324 vs 376 us at 512 x 128 x 512, 1 thread, AMD EPYC; eager
+    prefill only). fp32 one-row GEMMs on small weights were faster on MKL called from Python (6.6
+    vs 9.1 us at 1 x 128 x 256) but not in a replayed decode step, where the native call skips its
+    Python checks and MKL still pays torch's dispatch: with MKL there, batch-1 decode ran at 0.74x
+    the panel GEMM's tokens/s, so that rule was dropped."""
     if dtype is torch.bfloat16:
         return m >= 512 and k <= 128 and n >= 512
-    return True
+    return dtype is not torch.float32
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -120,7 +125,7 @@ rms_norm = _native_unless_grad("rms_norm", native_pointwise)
 gated_rms_norm = _native_unless_grad("gated_rms_norm", native_pointwise)
 rope = _native_unless_grad("rope", native_pointwise)
 silu_mul = _native_unless_grad("silu_mul", native_swiglu)
-moe_route = stock_sequence.moe_route
+moe_route = _native_unless_grad("moe_route", native_route)
 relu2 = stock.relu2
 log_softmax = stock.log_softmax
 processed_log_softmax = stock.processed_log_softmax
