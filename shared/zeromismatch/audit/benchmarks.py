@@ -116,6 +116,11 @@ def _rollout(data: Node, source: str) -> list[str]:
             "ratio_aligned_native_over_default",
             "aligned_over_default",
         ),
+        (
+            "engine aligned-native ÷ fast-native (like for like: step graphs on both, kernels/fast_native)",
+            "ratio_aligned_native_over_fast_native",
+            "aligned_over_default",
+        ),
         ("engine aligned ÷ HF `generate`", "ratio_engine_aligned_over_hf", "engine_over_hf"),
         ("engine aligned-native ÷ HF `generate`", "ratio_engine_aligned_native_over_hf", "engine_over_hf"),
     )
