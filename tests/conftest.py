@@ -107,3 +107,16 @@ def _vllm_missing_under_ci():
 def _seed_everything():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _restore_checkout_in_use():
+    """An entry point run in-process (a launcher's ``main`` on a copied checkout) sets the
+    process's checkout in use (``checkout.use_checkout``); without this a later test resolved
+    default paths, e.g. ``cluster/profiles``, in that copy (test_cluster_profiles found no
+    profiles after tests/experiments in the same process)."""
+    from zeromismatch import checkout
+
+    saved = checkout._IN_USE
+    yield
+    checkout._IN_USE = saved
