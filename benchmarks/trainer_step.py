@@ -38,8 +38,8 @@ def step_seconds(model, kernels: str, seqs: list[torch.Tensor]) -> float:
     start = time.perf_counter()
     hidden = model(ForwardBatch.for_training(seqs), None)
     logits = model.compute_logits(hidden)
-    targets = torch.cat([s[1:] for s in seqs] + [s[:1] for s in seqs])  # one target per row
-    picked = torch.log_softmax(logits, dim=-1).gather(1, targets[: logits.shape[0], None])
+    targets = torch.cat([torch.roll(s, -1) for s in seqs])  # each row's next token (the last wraps)
+    picked = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])
     picked.sum().backward()
     return time.perf_counter() - start
 

@@ -69,7 +69,7 @@ def _native_kernels() -> KernelSet:
 
 def _fast_native_kernels() -> KernelSet:
     """The unaligned throughput baseline of equal effort (kernels/fast_native.py): the fastest op
-    at each call, native C where that is fastest, batch-variant GEMM choice, capturable."""
+    at each call, native C where that is fastest, a GEMM choice that follows the batch, capturable."""
     from .native import _build
 
     _build.library()

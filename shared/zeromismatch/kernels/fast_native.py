@@ -36,6 +36,8 @@ autotuning of the GEMM choice instead of one static rule.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -64,7 +66,8 @@ def _mkl_is_faster(m: int, k: int, n: int, dtype: torch.dtype) -> bool:
     prefill only). fp32 one-row GEMMs on small weights were faster on MKL called from Python (6.6
     vs 9.1 us at 1 x 128 x 256) but not in a replayed decode step, where the native call skips its
     Python checks and MKL still pays torch's dispatch: with MKL there, batch-1 decode ran at 0.74x
-    the panel GEMM's tokens/s, so that rule was dropped."""
+    the panel GEMM's tokens/s, so that rule was dropped. Other dtypes (the panel GEMM computes fp32
+    and bf16 only) take ``F.linear``."""
     if dtype is torch.bfloat16:
         return m >= 512 and k <= 128 and n >= 512
     return dtype is not torch.float32
@@ -96,19 +99,16 @@ def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def row_parallel_linear(x_local, weight_local, bias=None, group=None, virtual_shards: int = 4):
-    out = linear(x_local, weight_local)
-    if group is not None:
-        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM, group=group)
-    return out if bias is None else out + bias
+    return stock.local_gemm_then_all_reduce(linear, x_local, weight_local, bias, group)
 
 
-def _native_unless_grad(name: str, native_module, grad_args: slice = slice(None)):
+def _native_unless_grad(name: str, native_module):
     """The native op without autograd, the stock one with it (module docstring)."""
-    native_op, stock_op = getattr(native_module, name), getattr(stock, name, None)
-    stock_op = stock_op or getattr(stock_sequence, name)
+    native_op = getattr(native_module, name)
+    stock_op = getattr(stock, name, None) or getattr(stock_sequence, name)
 
     def op(*args, **kwargs):
-        tensors = [a for a in args[grad_args] if isinstance(a, torch.Tensor)]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
         return (stock_op if _grad(*tensors) else native_op)(*args, **kwargs)
 
     op.__name__ = name
@@ -130,7 +130,6 @@ relu2 = stock.relu2
 log_softmax = stock.log_softmax
 processed_log_softmax = stock.processed_log_softmax
 
-_this = __import__(__name__, fromlist=["linear"])
 FastNativeKernels = kernel_set_from_modules(
-    "FastNativeKernels", "fast-native", [_this], __doc__.splitlines()[0]
+    "FastNativeKernels", "fast-native", [sys.modules[__name__]], __doc__.splitlines()[0]
 )

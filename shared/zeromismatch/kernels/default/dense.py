@@ -61,7 +61,13 @@ def row_parallel_linear(
     group=None,
     virtual_shards: int = 4,
 ) -> torch.Tensor:
-    out = linear(x_local, weight_local)
+    return local_gemm_then_all_reduce(linear, x_local, weight_local, bias, group)
+
+
+def local_gemm_then_all_reduce(gemm, x_local, weight_local, bias, group) -> torch.Tensor:
+    """The unaligned row-parallel linear with ``gemm`` as the local product: each rank's partial
+    sum, ``all_reduce(SUM)`` in whatever order the backend reduces, then the bias."""
+    out = gemm(x_local, weight_local)
     if group is not None:
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
     if bias is not None:
