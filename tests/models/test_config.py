@@ -10,7 +10,7 @@ from model_helpers import hf_model_from_preset
 from zeromismatch.models import PRESETS, TINY_PRESETS, ModelConfig, build_model
 from zeromismatch.models.presets import preset_dict
 
-FULL_SIZE = ["qwen3-4b", "qwen3-30b-a3b", "deepseek-v3", "nemotron-h-8b"]
+FULL_SIZE = ["qwen3-0.6b", "qwen3-4b", "qwen3-30b-a3b", "deepseek-v3", "nemotron-h-8b"]
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -23,6 +23,8 @@ def test_presets_parse_and_round_trip(preset):
 def test_full_size_presets_describe_the_published_shapes():
     qwen4b = ModelConfig.from_hf_config(PRESETS["qwen3-4b"])
     assert (qwen4b.hidden_size, qwen4b.num_hidden_layers, qwen4b.tie_word_embeddings) == (2560, 36, True)
+    qwen06b = ModelConfig.from_hf_config(PRESETS["qwen3-0.6b"])
+    assert (qwen06b.hidden_size, qwen06b.num_hidden_layers, qwen06b.intermediate_size) == (1024, 28, 3072)
     moe = ModelConfig.from_hf_config(PRESETS["qwen3-30b-a3b"])
     assert (moe.num_experts, moe.num_experts_per_tok, moe.layer_kinds().count("moe")) == (128, 8, 48)
     ds = ModelConfig.from_hf_config(PRESETS["deepseek-v3"])

@@ -5,7 +5,8 @@ hidden 128, 2-5 layers, vocab 512) that run a forward in milliseconds on a CPU; 
 smoke/mini experiments use them.
 
 Full-size configurations the experiments name (config objects only, never instantiated in
-tests): ``qwen3-4b`` (Qwen/Qwen3-4B), ``qwen3-30b-a3b`` (Qwen/Qwen3-30B-A3B),
+tests): ``qwen3-0.6b`` (Qwen/Qwen3-0.6B; random-init in the mid-size benchmark,
+``benchmarks/alignment_cost.py``), ``qwen3-4b`` (Qwen/Qwen3-4B), ``qwen3-30b-a3b`` (Qwen/Qwen3-30B-A3B),
 ``deepseek-v3`` (deepseek-ai/DeepSeek-V3 shapes; stands in for DeepSeek-V4-Flash, whose
 architecture is DeepSeek-V3-style), ``nemotron-h-8b`` (Nemotron-H-8B shapes: 52 layers,
 24 Mamba2 + 24 MLP + 4 attention; stands in for Nemotron-3.5). Values are transcribed from
@@ -109,6 +110,25 @@ _PRESETS: dict[str, dict] = {
         "norm_topk_prob": True,
         "tie_word_embeddings": False,
         "initializer_range": 0.02,
+    },
+    "qwen3-0.6b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
     },
     "qwen3-4b": {
         "architectures": ["Qwen3ForCausalLM"],

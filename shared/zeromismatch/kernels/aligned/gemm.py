@@ -88,8 +88,19 @@ from ..weight_cache import (  # noqa: F401
     packed_weights,
 )
 
-#: rows a oneDNN call is padded up to, per dtype (see module docstring for the measurements)
-ONEDNN_MIN_ROWS = {torch.float32: 2, torch.bfloat16: 2}
+
+def _onednn_has_bf16() -> bool:
+    """oneDNN's bf16 inner product needs avx512bw/vl/dq or avx_ne_convert; on other CPUs (an AMD
+    EPYC with AVX2 only, measured) ``_reorder_linear_weight`` and ``_linear_pointwise`` raise."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without mkldnn
+        return False
+
+
+#: rows a oneDNN call is padded up to, per dtype (see module docstring for the measurements); a
+#: dtype absent here takes the padded F.linear fallback (bf16 where oneDNN has no bf16 kernels)
+ONEDNN_MIN_ROWS = {torch.float32: 2, **({torch.bfloat16: 2} if _onednn_has_bf16() else {})}
 #: output columns (weight rows) a oneDNN call is padded up to: a single output column is
 #: a separate (gemv) path in fp32, every N >= 2 gave the same bits per column
 ONEDNN_MIN_COLS = 2
