@@ -31,6 +31,21 @@ _TINY_ATTENTION = {
     "initializer_range": 0.02,
 }
 
+#: what the dense Qwen3 config.json files (0.6B, 4B) share
+_QWEN3_DENSE_COMMON = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
 _PRESETS: dict[str, dict] = {
     "tiny-qwen3": {
         "architectures": ["Qwen3ForCausalLM"],
@@ -112,42 +127,22 @@ _PRESETS: dict[str, dict] = {
         "initializer_range": 0.02,
     },
     "qwen3-0.6b": {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": 151936,
+        **_QWEN3_DENSE_COMMON,
         "hidden_size": 1024,
         "intermediate_size": 3072,
         "num_hidden_layers": 28,
         "num_attention_heads": 16,
         "num_key_value_heads": 8,
         "head_dim": 128,
-        "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "tie_word_embeddings": True,
-        "attention_bias": False,
-        "hidden_act": "silu",
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
     },
     "qwen3-4b": {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": 151936,
+        **_QWEN3_DENSE_COMMON,
         "hidden_size": 2560,
         "intermediate_size": 9728,
         "num_hidden_layers": 36,
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "head_dim": 128,
-        "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "tie_word_embeddings": True,
-        "attention_bias": False,
-        "hidden_act": "silu",
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
     },
     "qwen3-30b-a3b": {
         "architectures": ["Qwen3MoeForCausalLM"],
