@@ -19,10 +19,12 @@ seconds, and the reported ratios are ratios of the per-system *medians*. Each ru
 its process CPU seconds and minor page faults: fresh multi-MB temporaries are page-faulted in
 on first touch, and how often that happens depends on the allocator's state (e.g. whether the
 HF model ran in the same process), which moves the wall-clock numbers by tens of percent. The published
-reference for aligned ÷ default is 0.913 (S1); this script makes no claim about GPUs.
+reference, 0.913 (S1), is judged on aligned-native ÷ fast-native; this script makes no claim about
+GPUs.
 
-Usage: ``python benchmarks/rollout.py [--model tiny-qwen3] [--batch 32] [--new-tokens 128]
-[--repeats 5] [--threads 1] [--no-native] [--quiet] [--out results/reproduced/benchmarks/rollout.json]``;
+Usage: ``python benchmarks/rollout.py [--model tiny-qwen3] [--dtype fp32] [--quant fp8-block]
+[--batch 32] [--new-tokens 128] [--repeats 5] [--threads 1] [--no-native] [--no-hf] [--quiet]
+[--out results/reproduced/benchmarks/rollout.json]``;
 it prints the ratios and writes JSON only with ``--out`` (``make bench`` and
 ``scripts/reproduce_mini.py`` pass it)
 """
@@ -45,6 +47,7 @@ from zeromismatch.engine import LLM, SamplingParams
 from zeromismatch.engine.llm import build_preset
 from zeromismatch.io import atomic_write_json
 from zeromismatch.kernels.native import unavailable_reason as native_unavailable_reason
+from zeromismatch.models.quantized import QUANT_FORMATS as WEIGHT_FORMATS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: new tokens of the untimed warm-up generate: enough decode steps for a step-graph capture
@@ -208,6 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         help="torch threads for all systems (1 default: on a shared machine, OpenMP barriers under "
         "oversubscription stall multi-threaded runs far more than they speed them up)",
     )
+    parser.add_argument(
+        "--quant",
+        choices=WEIGHT_FORMATS,
+        default=None,
+        help="rollout weight format on every engine system (the same quantized weights on each); "
+        "the transformers baseline is not run with it",
+    )
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--no-native", action="store_true", help="skip the aligned-native kernel set")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
-    model = build_preset(args.model, "aligned", dtype, args.seed)
+    model = build_preset(args.model, "aligned", dtype, args.seed, args.quant)
     prompts = make_prompts(args.batch, args.prompt_len, int(model.config.vocab_size), args.seed)
     native_not_run = "--no-native" if args.no_native else native_unavailable_reason()
     native = native_not_run is None
@@ -229,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout.py: engine-aligned-native not run: {native_not_run}", file=sys.stderr)
     systems = ["engine-aligned", "engine-default"]
     systems += ["engine-aligned-native", "engine-fast-native"] if native else []
-    systems += [] if args.no_hf else ["hf-generate"]
-    hf = None if args.no_hf else build_hf_model(model, dtype)
+    run_hf = not (args.no_hf or args.quant)
+    systems += ["hf-generate"] if run_hf else []
+    hf = build_hf_model(model, dtype) if run_hf else None
     # warm-up (allocator, lazy inits, the native library's build, and a step-graph capture: the
     # process's first imports torch._dynamo, ~1 s) -- not timed
     for name in systems:
@@ -262,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"aligned_over_default": 0.95, "engine_over_hf": 3.0},
         "provenance": provenance(config=vars(args)),
     }
+    if args.quant:
+        result["hf_not_run"] = f"--quant {args.quant}: transformers serves the unquantized checkpoint"
     if not native:
         result["native_not_run"] = native_not_run
     else:
