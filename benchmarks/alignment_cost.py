@@ -5,8 +5,9 @@ every prompt admitted at once, decode step graphs, no prefix caching) on the sam
 prompts; they differ only in the kernel set: ``aligned-native`` (the aligned arm's fixed-order C
 kernels, kernels/native) and ``fast-native`` (the unaligned baseline of equal effort,
 kernels/fast_native.py: the fastest op per call, batch-variant). Each cell times the two
-``--repeats`` times in rotating order (ABAB) and reports the ratio of the per-set medians, of
-wall-clock tokens/s and of tokens per process CPU second.
+``--repeats`` times (more for short runs: each set at least 2 s in all) in rotating order (ABAB)
+and reports the ratio of the per-set medians, of wall-clock tokens/s and of tokens per process
+CPU second.
 
 The grid (``--cells tiny``): every tiny preset x ``--threads`` x ``--batches`` x two workloads,
 ``decode`` (16-token prompts, 256 new) and ``prefill`` (512-token prompts, 16 new), x three
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 import time
@@ -57,6 +59,7 @@ FORMATS = {"fp32": (torch.float32, None), "bf16": (torch.bfloat16, None), "bf16-
 WORKLOADS = {"decode": (16, 256), "prefill": (512, 16)}
 MID_PRESET, MID_FORMAT, MID_BATCH, MID_WORKLOAD = "qwen3-0.6b", "bf16", 8, ("mid", 16, 16)
 TARGET_AT_BATCH_32 = 0.95
+MIN_SECONDS, MAX_REPEATS = 2.0, 21
 
 
 def cell_key(cell: dict) -> tuple:
@@ -100,6 +103,10 @@ def measure_cell(model, preset, fmt, threads, batch, workload, repeats, seed, qu
         return run
 
     timers = {f"engine-{k}": timer(k) for k in SETS}
+    # one untimed run per set sizes the repeats: a cell of 0.1 s runs gets enough of them that each
+    # set is timed for MIN_SECONDS in all (medians of 3 runs that short move by ~10%)
+    probe = max(timers[name]()[0] for name in timers)
+    repeats = min(MAX_REPEATS, max(repeats, math.ceil(MIN_SECONDS / probe)))
     runs, medians, cpu_medians = run_rotating(timers, repeats, quiet)
     aligned, fast = medians["engine-aligned-native"], medians["engine-fast-native"]
     cell = {
@@ -110,6 +117,7 @@ def measure_cell(model, preset, fmt, threads, batch, workload, repeats, seed, qu
         "workload": name,
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
+        "repeats": repeats,
         "median_tokens_per_s": medians,
         "median_tokens_per_cpu_s": cpu_medians,
         "ratio_aligned_native_over_fast_native": aligned / fast,

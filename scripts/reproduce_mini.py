@@ -279,22 +279,13 @@ def plan(root: Path, out: Path, experiments: list[Path], learnability: bool, ben
 
 
 def benchmark_steps(root: Path, bench: Path) -> list[Step]:
-    from zeromismatch.audit.benchmarks import PRESET_ROLLOUTS, breakdown_file
+    from zeromismatch.audit.benchmark_suite import SUITE
 
-    def step(name: str, script: str, out_name: str, *extra: str) -> Step:
-        argv = [sys.executable, str(root / "benchmarks" / script), *extra, "--out", str(bench / out_name)]
-        return Step(f"benchmark {name}", [*argv, "--quiet"], [bench / out_name], exclusive=True)
-
-    return [
-        step("rollout", "rollout.py", "rollout.json"),
-        *(step(f"rollout {p}", "rollout.py", f"rollout_{p}.json", "--model", p) for p in PRESET_ROLLOUTS),
-        *(
-            step(f"rollout breakdown {p}", "rollout_breakdown.py", breakdown_file(p), "--model", p)
-            for p in ("tiny-qwen3", *PRESET_ROLLOUTS)
-        ),
-        step("async", "async.py", "async.json"),
-        step("ops", "ops.py", "ops.json", "--threads", "1"),
-    ]
+    steps = []
+    for b in SUITE:
+        argv = [sys.executable, *b.argv(str(bench), str(root)), "--quiet"]
+        steps.append(Step(f"benchmark {b.name}", argv, [bench / b.name], exclusive=True))
+    return steps
 
 
 def child_env() -> dict[str, str]:

@@ -37,7 +37,8 @@ def test_one_cell_writes_the_ratio_and_resume_keeps_it(tmp_path):
         256,
     )
     assert set(cell["median_tokens_per_s"]) == {"engine-aligned-native", "engine-fast-native"}
-    assert all(len(seconds) == 2 for seconds in cell["runs_seconds"].values())
+    # --repeats 2 at least; more when the runs are short (each set timed >= MIN_SECONDS in all)
+    assert cell["repeats"] >= 2 and all(len(s) == cell["repeats"] for s in cell["runs_seconds"].values())
     ratio = cell["ratio_aligned_native_over_fast_native"]
     assert ratio > 0 and result["summary"]["worst_cell"]["ratio_aligned_native_over_fast_native"] == ratio
     # both sides replayed decode step graphs: the comparison is like for like

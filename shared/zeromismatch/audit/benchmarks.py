@@ -17,6 +17,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from .benchmark_suite import PRESET_ROLLOUTS, breakdown_file, command
 from .document import blocks_from_markdown, to_html
 from .inputs import Node
 from .text import fmt_number, short_commit
@@ -205,15 +206,6 @@ def _vllm_plugin(data: Node) -> str:
 
 
 SECTIONS = (("ops.json", _ops), ("rollout.json", _rollout), ("async.json", _async), ("vllm_peer.json", _vllm))
-_OUT = "--out results/reproduced/benchmarks"
-# The command that writes each file (scripts/reproduce_mini.py runs the first three; vllm_peer needs its
-# own venv).
-COMMANDS = {
-    "ops.json": f"python benchmarks/ops.py --threads 1 {_OUT}/ops.json",
-    "rollout.json": f"python benchmarks/rollout.py {_OUT}/rollout.json",
-    "async.json": f"python benchmarks/async.py {_OUT}/async.json",
-    "vllm_peer.json": "make vllm-peer",
-}
 HEADING = "## Benchmarks (each file's ratios measured side by side in one run on this machine)"
 SEPARATE_RUNS = (
     "The files below come from separate runs (commit and thread count per file; the optional vLLM peer "
@@ -239,12 +231,8 @@ def benchmark_lines(results_root: Path) -> list[str]:
     lines += _rollout_breakdowns(bench_dir)
     if absent:
         lines.append("")
-        lines += [f"- not run: `reproduced/benchmarks/{name}` (run: `{COMMANDS[name]}`)" for name in absent]
+        lines += [f"- not run: `reproduced/benchmarks/{name}` (run: `{command(name)}`)" for name in absent]
     return ["", HEADING, "", SEPARATE_RUNS, *lines]
-
-
-#: the other tiny presets' rollout benchmarks (``rollout.json`` is tiny-qwen3's)
-PRESET_ROLLOUTS = ("tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h")
 
 
 def _rollout_by_preset(bench_dir: Path) -> list[str]:
@@ -281,25 +269,17 @@ def _rollout_by_preset(bench_dir: Path) -> list[str]:
             "|---|---|---:|---:|---:|---:|",
             *rows,
         ]
-    return lines + _presets_not_run("rollout.py", absent)
+    return lines + _presets_not_run(absent)
 
 
-def _presets_not_run(script: str, absent: list[tuple[str, str]]) -> list[str]:
+def _presets_not_run(absent: list[tuple[str, str]]) -> list[str]:
     """A "not run" line, with the command that writes it, per absent ``(preset, file)``."""
-    lines = [""] if absent else []
-    for preset, name in absent:
-        command = f"python benchmarks/{script} --model {preset} {_OUT}/{name}"
-        lines.append(f"- not run: `reproduced/benchmarks/{name}` (run: `{command}`)")
-    return lines
+    lines = [f"- not run: `reproduced/benchmarks/{name}` (run: `{command(name)}`)" for _, name in absent]
+    return ([""] if absent else []) + lines
 
 
 #: the step phases ``benchmarks/rollout_breakdown.py`` times, in the order of an engine step
 BREAKDOWN_PHASES = ("schedule", "build_batch", "forward", "logits", "sampler", "bookkeeping")
-
-
-def breakdown_file(preset: str) -> str:
-    """The file ``benchmarks/rollout_breakdown.py`` writes for ``preset`` (in ``make bench``)."""
-    return "rollout_breakdown.json" if preset == "tiny-qwen3" else f"rollout_breakdown_{preset}.json"
 
 
 def _rollout_breakdowns(bench_dir: Path) -> list[str]:
@@ -364,7 +344,7 @@ def _rollout_breakdowns(bench_dir: Path) -> list[str]:
             "|---|" + "---:|" * len(BREAKDOWN_PHASES),
             *phase_rows,
         ]
-    return lines + _presets_not_run("rollout_breakdown.py", absent)
+    return lines + _presets_not_run(absent)
 
 
 def lines_to_html(lines: list[str]) -> str:
