@@ -50,6 +50,7 @@ SUITE: tuple[BenchmarkFile, ...] = (
         for p in ("tiny-qwen3", *PRESET_ROLLOUTS)
     ),
     BenchmarkFile("trainer_step.json", "trainer_step.py"),
+    BenchmarkFile("rl_step.json", "rl_step.py"),
     BenchmarkFile("alignment_cost.json", "alignment_cost.py"),
     BenchmarkFile("async.json", "async.py"),
     BenchmarkFile("ops.json", "ops.py", ("--threads", "1")),

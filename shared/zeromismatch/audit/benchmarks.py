@@ -35,7 +35,8 @@ def _commit(data: Node) -> str:
 NATIVE_NOTE = (
     "Rows and systems named `*native*` run the aligned-native set (the aligned set with its attention, "
     "Mamba2 scan and conv, GEMMs, norms, rope, SwiGLU product and MoE experts in fixed-order C, "
-    "`kernels/native`; docs/parity.md) against the same default op; no verdict uses them."
+    "`kernels/native`; docs/parity.md) against the same default op. The speed claims (S1, S3) read "
+    "aligned-native ÷ fast-native (the cost-of-alignment section); no verdict reads the other rows."
 )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..io import atomic_write_json, atomic_write_text
+from .alignment_cost import alignment_cost_lines
 from .benchmarks import benchmark_lines
 from .document import (
     Badge,
@@ -282,7 +283,8 @@ def build_all(results_root: str | Path | None = None, *, quiet: bool = False) ->
         else registry.files[next(iter(registry.files))].parents[1]
     )
     verdicts = evaluate_all(registry, root)
-    benchmarks = benchmark_lines(root) + learnability_lines(root) + portability_lines(root)
+    benchmarks = alignment_cost_lines(root) + benchmark_lines(root) + learnability_lines(root)
+    benchmarks += portability_lines(root)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
     try:
         figures = make_figures(registry, verdicts, root, staging)
