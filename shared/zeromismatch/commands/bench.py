@@ -1,7 +1,8 @@
-"""``zm bench ops|rollout|rollout_breakdown|async``: run a benchmark from the repository's benchmarks/.
+"""``zm bench <name>``: run a benchmark from the repository's benchmarks/ (``BENCHMARKS``).
 
 Each benchmark measures aligned and baseline side by side in one run and prints medians and
-their ratio (``rollout_breakdown``: where an engine step's time goes, against the 3x-HF budget);
+their ratio (``alignment_cost``: aligned-native ÷ fast-native over a grid; ``rollout_breakdown``:
+where an engine step's time goes, against the 3x-HF budget);
 extra arguments are passed through (``zm bench rollout -- --repeats 3``). Nothing is
 written unless ``--out`` is passed through (``zm bench ops -- --out /tmp/ops.json``); ``make bench``
 writes the committed ``results/reproduced/benchmarks/*.json``.
@@ -13,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("ops", "rollout", "rollout_breakdown", "async")
+BENCHMARKS = ("ops", "rollout", "rollout_breakdown", "alignment_cost", "trainer_step", "rl_step", "async")
 
 
 def _root() -> Path:
@@ -24,7 +25,7 @@ def _root() -> Path:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="run a ratio benchmark (aligned vs default, vs HF, async vs sync)")
+    p = sub.add_parser("bench", help="run a ratio benchmark (aligned vs fast or default, vs HF, async vs sync)")
     p.add_argument("name", choices=BENCHMARKS)
     p.add_argument("args", nargs="*", help="passed to the benchmark script (put them after --)")
     p.set_defaults(func=run)
