@@ -25,7 +25,7 @@ def _root() -> Path:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="run a ratio benchmark (aligned vs fast or default, vs HF, async vs sync)")
+    p = sub.add_parser("bench", help="run a ratio benchmark (aligned vs fast, vs HF, async vs sync)")
     p.add_argument("name", choices=BENCHMARKS)
     p.add_argument("args", nargs="*", help="passed to the benchmark script (put them after --)")
     p.set_defaults(func=run)
