@@ -5,7 +5,7 @@ every prompt admitted at once, decode step graphs, no prefix caching) on the sam
 prompts; they differ only in the kernel set: ``aligned-native`` (the aligned arm's fixed-order C
 kernels, kernels/native) and ``fast-native`` (the unaligned baseline of equal effort,
 kernels/fast_native.py: the fastest op per call, batch-variant). Each cell times the two
-``--repeats`` times (more for short runs: each set at least 2 s in all) in rotating order (ABAB)
+``--repeats`` times (more for short runs: each set at least 2.5 s in all) in rotating order (ABAB)
 and reports the ratio of the per-set medians, of wall-clock tokens/s and of tokens per process
 CPU second.
 
@@ -23,9 +23,10 @@ run goes on where it stopped. ``summary`` names the worst cell of the grid and t
 32 per preset and format (the issue's target: >= 0.95 there).
 
 Usage: ``python benchmarks/alignment_cost.py [--cells tiny mid] [--presets ...] [--threads 1 2]
-[--batches 1 8 32 64] [--formats fp32 bf16 bf16-fp8] [--workloads decode prefill] [--repeats 3]
+[--batches 1 8 32 64] [--formats fp32 bf16 bf16-fp8] [--workloads decode prefill] [--repeats 5]
 [--resume] [--quiet] [--out results/reproduced/benchmarks/alignment_cost.json]``
-(about 30 minutes for the whole grid on two cores; run it on a quiet machine)
+(about 30 minutes for the whole grid on two cores; run it on a quiet machine: at 2 threads on 2 cores
+anything else running stalls the runs several-fold)
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ FORMATS = {"fp32": (torch.float32, None), "bf16": (torch.bfloat16, None), "bf16-
 WORKLOADS = {"decode": (16, 256), "prefill": (512, 16)}
 MID_PRESET, MID_FORMAT, MID_BATCH, MID_WORKLOAD = "qwen3-0.6b", "bf16", 8, ("mid", 16, 16)
 TARGET_AT_BATCH_32 = 0.95
-MIN_SECONDS, MAX_REPEATS = 2.0, 21
+MIN_SECONDS, MAX_REPEATS = 2.5, 21
 
 
 def cell_key(cell: dict) -> tuple:
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", nargs="+", type=int_at_least(1), default=[1, 8, 32, 64])
     parser.add_argument("--formats", nargs="+", choices=sorted(FORMATS), default=list(FORMATS))
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS))
-    parser.add_argument("--repeats", type=int_at_least(1), default=3)
+    parser.add_argument("--repeats", type=int_at_least(1), default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resume", action="store_true", help="keep an earlier --out file's cells")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines")
