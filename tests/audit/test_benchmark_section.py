@@ -129,12 +129,13 @@ def test_commit_is_shortened_but_its_suffixes_are_kept(tmp_path, recorded, shown
 
 
 def test_rollout_ratios_per_preset_table(tmp_path):
-    ratios = {"ratio_aligned_over_default": 0.5, "ratio_aligned_native_over_default": 1.1}
+    ratios = {"ratio_aligned_over_default": 0.5, "ratio_aligned_native_over_default": 1.1,
+              "ratio_aligned_native_over_fast_native": 0.97}  # fmt: skip
     write_benchmark(tmp_path, "rollout", ratios)
     write_benchmark(tmp_path, f"rollout_{PRESET_ROLLOUTS[0]}", {"ratio_aligned_over_default": 0.6})
     text = "\n".join(benchmark_lines(tmp_path))
-    assert "| tiny-qwen3 | `rollout.json` | 0.50 | 1.10 | - | - |" in text
-    assert f"| {PRESET_ROLLOUTS[0]} | `rollout_{PRESET_ROLLOUTS[0]}.json` | 0.60 | - | - | - |" in text
+    assert "| tiny-qwen3 | `rollout.json` | 0.97 | 0.50 | 1.10 | - | - |" in text
+    assert f"| {PRESET_ROLLOUTS[0]} | `rollout_{PRESET_ROLLOUTS[0]}.json` | - | 0.60 | - | - | - |" in text
     assert f"not run: `reproduced/benchmarks/rollout_{PRESET_ROLLOUTS[1]}.json`" in text
 
 
