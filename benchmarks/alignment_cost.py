@@ -19,8 +19,8 @@ the same dtype and thread count; attention scores are left out of the FLOPs, < 1
 
 The file is rewritten (atomically) after every cell, ``complete`` false until the last;
 ``--resume`` keeps the cells of an earlier file with the same grid and commit, so an interrupted
-run goes on where it stopped. ``summary`` names the worst cell of the grid and the worst at batch
-32 per preset and format (the issue's target: >= 0.95 there).
+run goes on where it stopped. ``summary`` (``audit.alignment_cost.grid_summary``, as the report
+computes it) names the worst cell and the batch-32 cells below the issue's target of 0.95.
 
 Usage: ``python benchmarks/alignment_cost.py [--cells tiny mid] [--presets ...] [--threads 1 2]
 [--batches 1 8 32 64] [--formats fp32 bf16 bf16-fp8] [--workloads decode prefill] [--repeats 5]
@@ -48,6 +48,7 @@ from rollout import WARM_UP_TOKENS, make_prompts, run_rotating, time_engine  # n
 
 from zeromismatch._provenance import freeze_git_state, git_commit, provenance  # noqa: E402
 from zeromismatch.argtypes import check_out_or_exit, int_at_least  # noqa: E402
+from zeromismatch.audit.alignment_cost import grid_summary  # noqa: E402
 from zeromismatch.engine.llm import build_preset  # noqa: E402
 from zeromismatch.io import atomic_write_json  # noqa: E402
 from zeromismatch.kernels.native import unavailable_reason as native_unavailable_reason  # noqa: E402
@@ -59,7 +60,6 @@ FORMATS = {"fp32": (torch.float32, None), "bf16": (torch.bfloat16, None), "bf16-
 #: workload name -> (prompt tokens, new tokens)
 WORKLOADS = {"decode": (16, 256), "prefill": (512, 16)}
 MID_PRESET, MID_FORMAT, MID_BATCH, MID_WORKLOAD = "qwen3-0.6b", "bf16", 8, ("mid", 16, 16)
-TARGET_AT_BATCH_32 = 0.95
 MIN_SECONDS, MAX_REPEATS = 2.5, 21
 
 
@@ -153,38 +153,6 @@ def plan(args) -> list[tuple[str, str, int, int, tuple]]:
     return cells
 
 
-def summarize(cells: list[dict]) -> dict:
-    key = "ratio_aligned_native_over_fast_native"
-    tiny = [c for c in cells if c["workload"] != "mid"]
-    mid = [
-        {
-            k: c[k]
-            for k in ("preset", "format", "threads", "batch", key, "achieved_flops_per_s", "fraction_of_peak")
-        }
-        for c in cells
-        if c["workload"] == "mid"
-    ]
-    if not tiny:
-        return {"mid": mid}
-    worst = min(tiny, key=lambda c: c[key])
-    at_32 = {}
-    for c in tiny:
-        if c["batch"] == 32:
-            name = f"{c['preset']}/{c['format']}"
-            if name not in at_32 or c[key] < at_32[name][key]:
-                at_32[name] = c
-    short = ("preset", "format", "threads", "batch", "workload", key, f"{key}_cpu")
-    return {
-        "cells": len(tiny),
-        "worst_cell": {k: worst[k] for k in short},
-        "geomean": statistics.geometric_mean(c[key] for c in tiny),
-        "worst_at_batch_32": {name: {k: c[k] for k in short} for name, c in sorted(at_32.items())},
-        "batch_32_below_target": sorted(n for n, c in at_32.items() if c[key] < TARGET_AT_BATCH_32),
-        "target_at_batch_32": TARGET_AT_BATCH_32,
-        "mid": mid,
-    }
-
-
 def earlier_cells(path: Path, grid: dict) -> list[dict]:
     """The cells of an earlier file measured on the same grid at the same commit (``--resume``)."""
     if not path.is_file():
@@ -253,7 +221,7 @@ def result(grid: dict, cells: list[dict], complete: bool) -> dict:
         "grid": grid,
         "complete": complete,
         "cells": cells,
-        "summary": summarize(cells),
+        "summary": grid_summary(cells),
         "provenance": provenance(config=grid),
     }
 

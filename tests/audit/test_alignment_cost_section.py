@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from audit_helpers import write_benchmark
+from audit_helpers import PUBLISHED, write_benchmark
 
 from zeromismatch.audit.alignment_cost import alignment_cost_lines
 from zeromismatch.audit.benchmark_suite import FP8_ROLLOUT
-from zeromismatch.audit.registry import AuditInputError
+from zeromismatch.audit.registry import AuditInputError, load_registry
 
 SYSTEMS = ("engine-aligned-native", "engine-fast-native")
+#: today's claims: which of them read this pair (S1, S3) is the registry's to say, not the section's
+TODAY = load_registry(PUBLISHED.parent)
 
 
 def cell(preset, fmt, batch, ratio, workload="decode", threads=1, **extra):
@@ -30,11 +32,11 @@ def cell(preset, fmt, batch, ratio, workload="decode", threads=1, **extra):
 
 
 def grid(cells, complete=True):
-    return {"cells": cells, "complete": complete, "summary": {"target_at_batch_32": 0.95}}
+    return {"cells": cells, "complete": complete}
 
 
 def test_absent_files_are_not_run_lines_with_their_commands(results):
-    text = "\n".join(alignment_cost_lines(results))
+    text = "\n".join(alignment_cost_lines(results, TODAY))
     for name in ("rollout_tiny-deepseek-v3.json", FP8_ROLLOUT, "alignment_cost.json", "trainer_step.json"):
         assert f"- not run: `reproduced/benchmarks/{name}` (run: `python benchmarks/" in text
     assert "--quant fp8-block" in text  # S3's file names its format in its command
@@ -56,7 +58,7 @@ def test_grid_worst_cell_batch_table_and_mid_cell(results):
     )
     cells = [cell("tiny-qwen3", "fp32", 8, 1.10), cell("tiny-qwen3", "fp32", 32, 0.90), mid]
     write_benchmark(results, "alignment_cost", {**grid(cells), "provenance": {"git_commit": "a" * 40}})
-    text = "\n".join(alignment_cost_lines(results))
+    text = "\n".join(alignment_cost_lines(results, TODAY))
     assert "2 cells; geometric mean 0.995; worst 0.900 (CPU-time ratio 0.909)" in text
     assert "at tiny-qwen3 fp32 decode batch 32 1 thread(s)" in text
     assert "0 of 1 batch-32 cells meet it (below: tiny-qwen3 fp32 decode batch 32 1 thread(s) 0.900)" in text
@@ -79,7 +81,7 @@ def test_judged_pair_rows_state_the_workload_and_the_published_threshold(results
         "ratio_aligned_native_over_fast_native": 0.9,
     }
     write_benchmark(results, FP8_ROLLOUT.removesuffix(".json"), data)
-    text = "\n".join(alignment_cost_lines(results))
+    text = "\n".join(alignment_cost_lines(results, TODAY))
     assert (
         "bf16, fp8-block weights, batch 32, 16-token prompts, 128 new, 1 thread(s) "
         "| 900 | 1000 | 0.900 | ≥ 0.9 |" in text
@@ -88,11 +90,11 @@ def test_judged_pair_rows_state_the_workload_and_the_published_threshold(results
 
 def test_an_incomplete_grid_says_so_and_a_malformed_one_names_the_key(results):
     write_benchmark(results, "alignment_cost", grid([cell("tiny-qwen3", "bf16", 32, 0.97)], complete=False))
-    assert "**incomplete**" in "\n".join(alignment_cost_lines(results))
+    assert "**incomplete**" in "\n".join(alignment_cost_lines(results, TODAY))
     broken = grid([{**cell("tiny-qwen3", "bf16", 32, 0.97), "ratio_aligned_native_over_fast_native": "fast"}])
     write_benchmark(results, "alignment_cost", broken)
     with pytest.raises(AuditInputError, match=r"cells\[0\]\.ratio_aligned_native_over_fast_native"):
-        alignment_cost_lines(results)
+        alignment_cost_lines(results, TODAY)
 
 
 def test_the_committed_anchors_file_has_a_source_for_every_anchor(results):
@@ -113,7 +115,7 @@ def test_rl_step_line_reads_both_arms(results):
         "ratio_aligned_over_fast_by_phase": {"time_rollout_s": 1.02, "time_learner_s": 0.8},
     }
     write_benchmark(results, "rl_step", data)
-    text = "\n".join(alignment_cost_lines(results))
+    text = "\n".join(alignment_cost_lines(results, TODAY))
     assert (
         "200.0 vs 180.0 ms per step; aligned ÷ fast throughput 0.900 per step, 0.910 per generated token"
         in text

@@ -58,6 +58,10 @@ SUITE: tuple[BenchmarkFile, ...] = (
 BY_NAME = {b.name: b for b in SUITE}
 
 
+#: the stock-vLLM peer's file, written outside the suite (its own venv)
+VLLM_PEER = "vllm_peer.json"
+
+
 def command(name: str) -> str:
-    """The command that writes ``name`` (``make vllm-peer`` for the stock-vLLM peer)."""
-    return BY_NAME[name].command() if name in BY_NAME else "make vllm-peer"
+    """The command that writes ``name`` (a KeyError for a file no command writes)."""
+    return "make vllm-peer" if name == VLLM_PEER else BY_NAME[name].command()

@@ -283,7 +283,7 @@ def build_all(results_root: str | Path | None = None, *, quiet: bool = False) ->
         else registry.files[next(iter(registry.files))].parents[1]
     )
     verdicts = evaluate_all(registry, root)
-    benchmarks = alignment_cost_lines(root) + benchmark_lines(root) + learnability_lines(root)
+    benchmarks = alignment_cost_lines(root, registry) + benchmark_lines(root) + learnability_lines(root)
     benchmarks += portability_lines(root)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
     try:
