@@ -34,9 +34,9 @@ from ..aligned import attention as aligned_attention
 from ..aligned.attention import _cached_plan, _check_offsets, check_packed_inputs, check_paged_inputs
 from ..capture.allowed_host_reads import host_reads_for_checks
 from . import _build
-from .attention_backward import packed_attention_backward
 from ._autograd import native_with_reference_backward, refuse_double_backward
 from ._device import CPU, require_cpu
+from .attention_backward import packed_attention_backward
 
 _IN_PLACE_KV = (torch.float32, torch.bfloat16)
 
