@@ -274,7 +274,8 @@ def test_accuracy_against_float64(dtype, magnitude, tol):
 
 
 def test_gradients_match_float64():
-    """Backward is the pure-torch aligned gradient (tolerance: fp32 accumulation over 40 keys)."""
+    """The written-out backward (attention_backward.py) against float64 autograd (tolerance: fp32
+    accumulation over 40 keys)."""
     gen = torch.Generator().manual_seed(7)
     base = [torch.randn(40, h, 32, generator=gen) for h in (4, 2, 2)]
     cu = _cu([40])
@@ -288,6 +289,28 @@ def test_gradients_match_float64():
     q = base[0].clone().requires_grad_()
     NATIVE.attention(q, base[1], base[2], cu, cu, 0.2).sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_varlen_gradients_are_the_aligned_ops(dtype, tol):
+    """Several sequences, queries shorter than keys (bottom-right aligned, as a chunked prefill),
+    an empty sequence and a KV head shared by three query heads: the written-out gradient against
+    autograd through the pure-torch aligned attention, relative to the largest gradient."""
+    gen = torch.Generator().manual_seed(17)
+    q_lens, k_lens = [5, 0, 9, 3], [5, 0, 14, 8]
+    q = torch.randn(sum(q_lens), 6, 16, generator=gen).to(dtype)
+    k, v = (torch.randn(sum(k_lens), 2, 16, generator=gen).to(dtype) for _ in range(2))
+    cu_q, cu_k = _cu(q_lens), _cu(k_lens)
+    grads = []
+    for kernels in (NATIVE, ALIGNED):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = kernels.attention(*leaves, cu_q, cu_k, 0.25)
+        (out.float() * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for native, aligned in zip(*grads, strict=True):
+        assert native.dtype == dtype
+        scale = aligned.float().abs().max()
+        assert ((native.float() - aligned.float()).abs().max() / scale) < tol
 
 
 def test_bad_inputs_give_one_clear_error():

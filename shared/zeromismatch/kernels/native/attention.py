@@ -21,8 +21,9 @@ checking the block id of every position below the sequence's kv_len.
 Its bits differ from the pure-torch aligned attention's (a different, equally fixed order), so
 engine and trainer must both use this set. Arithmetic is fp32; K/V may be fp32 or bf16 (read
 in place), other dtypes are converted to fp32 first; outputs come back in q's dtype. The
-backward (trainer) is the pure-torch aligned attention's gradient, recomputed: gradients need
-no bitwise parity, only the forward logprobs do.
+backward (trainer) of packed attention is the written-out softmax-attention gradient
+(``attention_backward.py``); the paged form's is the pure-torch aligned op's, recomputed.
+Gradients need no bitwise parity, only the forward logprobs do.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from ..aligned import attention as aligned_attention
 from ..aligned.attention import _cached_plan, _check_offsets, check_packed_inputs, check_paged_inputs
 from ..capture.allowed_host_reads import host_reads_for_checks
 from . import _build
-from ._autograd import native_with_reference_backward
+from ._autograd import native_with_reference_backward, refuse_double_backward
 from ._device import CPU, require_cpu
+from .attention_backward import packed_attention_backward
 
 _IN_PLACE_KV = (torch.float32, torch.bfloat16)
 
@@ -147,10 +149,36 @@ def attention(
         k_rows, v_rows = k.reshape(k.shape[0], hkv * k.shape[2]), v.reshape(v.shape[0], hkv * v.shape[2])
         return _run(q, k_rows, v_rows, hkv, plan, scale)
 
-    def reference(q_, k_, v_):
-        return aligned_attention.attention(q_, k_, v_, cu_seqlens_q, cu_seqlens_k, scale)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return forward()
+    return _PackedAttention.apply(forward, q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
 
-    return native_with_reference_backward(forward, reference, q, k, v)
+
+class _PackedAttention(torch.autograd.Function):
+    """The native forward with the written-out softmax-attention gradient
+    (``attention_backward.py``): the trainer's backward without recomputing a reference forward."""
+
+    @staticmethod
+    def forward(ctx, forward_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, scale):
+        ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        ctx.scale = scale
+        return forward_fn()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        refuse_double_backward()
+        q, k, v, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = packed_attention_backward(grad_out, q, k, v, cu_q.tolist(), cu_k.tolist(), ctx.scale)
+        need = ctx.needs_input_grad
+        return (
+            None,
+            dq if need[1] else None,
+            dk if need[2] else None,
+            dv if need[3] else None,
+            None,
+            None,
+            None,
+        )
 
 
 def paged_attention(
