@@ -43,6 +43,12 @@ def test_zm_parity_rejects_bad_tp_and_prompt_count_before_spawning(capsys, monke
         rc = main(["parity", "--model", "tiny-qwen3", "--max-tokens", "2", *extra])
         captured = capsys.readouterr()
         assert rc == 2 and message in captured.err, (extra, captured.err)
+    # every family the project has is served, the hybrid too (its Mamba2 state in vLLM's Mamba cache)
+    from zeromismatch.integrations.vllm import serving_problems
+    from zeromismatch.models.presets import PRESETS
+
+    for preset in sorted({v["model_type"]: name for name, v in PRESETS.items()}.values()):
+        assert serving_problems(preset, "aligned", "none", "auto", "fp32") == [], preset
 
 
 def test_zm_parity_prefill_chunk_none_means_no_per_request_limit(capsys):
@@ -181,7 +187,6 @@ def test_parity_stats_count_excluded_tokens_and_refuse_broken_ones():
 def test_zm_parity_engine_vllm_refuses_what_the_plugin_cannot_serve(capsys):
     """Checked before any model is built or vLLM imported; each error names the flag."""
     cases = [
-        (["--model", "tiny-nemotron-h"], "--model tiny-nemotron-h: the vLLM plugin serves"),
         (["--tp", "2"], "--tp 2: the vLLM plugin runs at tensor-parallel size 1"),
         (["--rollout-kernels", "default"], "--rollout-kernels default: the vLLM plugin runs the aligned"),
         (["--rollout-quant", "fp8"], "--rollout-quant fp8: the vLLM plugin serves unquantized"),
@@ -192,3 +197,9 @@ def test_zm_parity_engine_vllm_refuses_what_the_plugin_cannot_serve(capsys):
         rc = main(["parity", *model, "--engine", "vllm", "--max-tokens", "2", *extra])
         captured = capsys.readouterr()
         assert rc == 2 and message in captured.err, (extra, captured.err)
+    # every family the project has is served, the hybrid too (its Mamba2 state in vLLM's Mamba cache)
+    from zeromismatch.integrations.vllm import serving_problems
+    from zeromismatch.models.presets import PRESETS
+
+    for preset in sorted({v["model_type"]: name for name, v in PRESETS.items()}.values()):
+        assert serving_problems(preset, "aligned", "none", "auto", "fp32") == [], preset

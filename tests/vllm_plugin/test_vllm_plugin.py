@@ -80,13 +80,19 @@ def _prompt_logprobs(out, prompt: list[int]) -> torch.Tensor:
 
 
 def _serve(
-    tmp_path_factory, preset: str, dtype: torch.dtype, stock: bool, budget: int, mode: str = "processed"
+    tmp_path_factory,
+    preset: str,
+    dtype: torch.dtype,
+    stock: bool,
+    budget: int,
+    mode: str = "processed",
+    kernels: str = "aligned",
 ) -> Run:
     from vllm import LLM
     from vllm import SamplingParams as VllmSamplingParams
 
-    model = build_model(preset, kernels="aligned", dtype=dtype, seed=0)
-    checkpoint = write_checkpoint(model, tmp_path_factory.mktemp(preset), stock=stock)
+    model = build_model(preset, kernels=kernels, dtype=dtype, seed=0)
+    checkpoint = write_checkpoint(model, tmp_path_factory.mktemp(preset), stock=stock, kernels=kernels)
     prompts = _prompts(model.config.vocab_size)
     # the project's DeepSeek caches per-head K/V: vLLM must not plan an MLA latent cache for it
     # (the engine process it spawns reads the variable when the LLM is built)
@@ -104,6 +110,8 @@ def _serve(
             max_num_seqs=8,
             block_size=32,
             kv_cache_memory_bytes=64 * 2**20,
+            # a hybrid's Mamba state cannot be restored from cached blocks (integrations/vllm/mamba.py)
+            enable_prefix_caching=model.supports_prefix_caching,
             logprobs_mode=f"{mode}_logprobs",
             seed=0,
         )
@@ -135,33 +143,43 @@ def _serve(
     return Run(model, prompts, responses, logprobs, mode, (alone[0][0], alone[1][0]), cached, prompt_logprobs)
 
 
-def _recompute(run: Run) -> list[torch.Tensor]:
+def _recompute(run: Run, kernels: str | None = None) -> list[torch.Tensor]:
+    """The trainer's logprobs of the served tokens, on the run's model or, with ``kernels``, on the
+    same weights under another kernel set."""
+    model = run.model
+    if kernels is not None:
+        model = build_model(run.model.config, kernels=kernels, dtype=run.model.dtype, seed=None)
+        model.load_state_dict(run.model.state_dict())
     params = [SamplingParams(**_sampling(i), logprobs_mode=run.mode) for i in range(len(run.prompts))]
-    return compute_logprobs(run.model, run.prompts, run.responses, params)
+    return compute_logprobs(model, run.prompts, run.responses, params)
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b))
 
 
-#: (preset, dtype, logprobs mode) of each plugin configuration: the dense family in both dtypes, MoE
-#: (with vLLM's default raw logprobs), and DeepSeek-V3 (MLA attention, sigmoid-routed MoE)
+#: (preset, dtype, logprobs mode, kernel set) of each plugin configuration: the dense family in both
+#: dtypes, MoE (with vLLM's default raw logprobs), DeepSeek-V3 (MLA attention, sigmoid-routed MoE) and
+#: the Nemotron-H hybrid (Mamba2 state in vLLM's Mamba cache) on the native kernels
 PLUGIN_CONFIGS = [
-    ("tiny-qwen3", torch.float32, "processed"),
-    ("tiny-qwen3", torch.bfloat16, "processed"),
-    ("tiny-qwen3-moe", torch.float32, "raw"),
-    ("tiny-deepseek-v3", torch.bfloat16, "processed"),
+    ("tiny-qwen3", torch.float32, "processed", "aligned"),
+    ("tiny-qwen3", torch.bfloat16, "processed", "aligned"),
+    ("tiny-qwen3-moe", torch.float32, "raw", "aligned"),
+    ("tiny-deepseek-v3", torch.bfloat16, "processed", "aligned"),
+    ("tiny-nemotron-h", torch.bfloat16, "processed", "aligned-native"),
 ]
 
 
 @pytest.fixture(
     scope="module",
     params=PLUGIN_CONFIGS,
-    ids=[f"{p}-{str(d).removeprefix('torch.')}-{m}" for p, d, m in PLUGIN_CONFIGS],
+    ids=[f"{p}-{str(d).removeprefix('torch.')}-{m}-{k}" for p, d, m, k in PLUGIN_CONFIGS],
 )
 def plugin_run(request, tmp_path_factory) -> Run:
-    preset, dtype, mode = request.param
-    return _serve(tmp_path_factory, preset, dtype, stock=False, budget=CHUNK_BUDGET, mode=mode)
+    preset, dtype, mode, kernels = request.param
+    return _serve(
+        tmp_path_factory, preset, dtype, stock=False, budget=CHUNK_BUDGET, mode=mode, kernels=kernels
+    )
 
 
 def test_plugin_logprobs_equal_trainer_recompute(plugin_run):
@@ -171,6 +189,11 @@ def test_plugin_logprobs_equal_trainer_recompute(plugin_run):
     recomputed = _recompute(run)
     for served, trained in zip(run.logprobs, recomputed):
         assert torch.equal(served, trained), _max_diff(run.logprobs, recomputed)
+    # the inverse: the same tokens recomputed on the default kernels (stock torch) are not bitwise
+    # what the plugin served, so the equality is the kernels' own, yet close: the same model
+    other = _recompute(run, kernels="default")
+    assert not all(torch.equal(a, b) for a, b in zip(run.logprobs, other))
+    assert _max_diff(run.logprobs, other) < 0.1
 
 
 def test_plugin_prompt_logprobs_equal_trainer_recompute(plugin_run):
@@ -187,7 +210,9 @@ def test_plugin_seeded_draws_do_not_depend_on_the_batch(plugin_run):
     """Prompt AGAIN alone (other steps, no chunking partner, its first block served from vLLM's
     prefix cache) draws what it drew in the batch."""
     tokens, logprobs = plugin_run.alone
-    assert plugin_run.alone_cached_tokens == 32  # (block size 32: the 40-token prompt's full block)
+    # (block size 32: the 40-token prompt's full block; a hybrid runs without prefix caching)
+    cached = 32 if plugin_run.model.supports_prefix_caching else 0
+    assert plugin_run.alone_cached_tokens == cached
     assert tokens == plugin_run.responses[AGAIN]
     assert torch.equal(logprobs, plugin_run.logprobs[AGAIN])
 

@@ -77,6 +77,9 @@ class ModelCache:
     v_cache: list[torch.Tensor | None] = field(default_factory=list)  # [num_blocks, block_size, Hkv, Dv]
     conv_state: list[torch.Tensor | None] = field(default_factory=list)  # [max_seqs, C, W-1]
     ssm_state: list[torch.Tensor | None] = field(default_factory=list)  # [max_seqs, Hs, P, N]
+    #: per-layer conv/SSM state slots ``[S]`` overriding ``batch.state_slots`` (None: the batch's for
+    #: every layer); vLLM's hybrid allocator gives each group of Mamba layers its own block per request
+    state_slots: list[torch.Tensor | None] | None = None
     kv_cache_dtype: str = "auto"  # "auto" (the activation dtype) or "fp8_e4m3"
     k_scale: list[torch.Tensor | None] = field(default_factory=list)  # [] fp32, fp8_e4m3 only
     v_scale: list[torch.Tensor | None] = field(default_factory=list)  # [] fp32, fp8_e4m3 only

@@ -86,7 +86,9 @@ class Mamba2Mixer(nn.Module):
                 ctx.cache.conv_state[ctx.layer_index],
                 ctx.cache.ssm_state[ctx.layer_index],
             )
-            slots = {"state_slots": ctx.batch.state_slots, "has_initial_state": ctx.has_initial_state}
+            per_layer = ctx.cache.state_slots
+            state_slots = ctx.batch.state_slots if per_layer is None else per_layer[ctx.layer_index]
+            slots = {"state_slots": state_slots, "has_initial_state": ctx.has_initial_state}
 
         xbc, _ = kern.causal_conv1d(
             xbc,  # (a column slice: the native conv reads its rows in place; the others copy it)

@@ -25,6 +25,7 @@ ARCHITECTURES = {
     "ZeroMismatchQwen3ForCausalLM": f"{_MODEL_MODULE}:ZeroMismatchQwen3ForCausalLM",
     "ZeroMismatchQwen3MoeForCausalLM": f"{_MODEL_MODULE}:ZeroMismatchQwen3MoeForCausalLM",
     "ZeroMismatchDeepseekV3ForCausalLM": f"{_MODEL_MODULE}:ZeroMismatchDeepseekV3ForCausalLM",
+    "ZeroMismatchNemotronHForCausalLM": f"{_MODEL_MODULE}:ZeroMismatchNemotronHForCausalLM",
 }
 
 #: the kernel sets the plugin serves: those whose engine and trainer agree bit for bit (the trainer
@@ -36,6 +37,7 @@ FAMILY_TO_ARCHITECTURE = {
     "qwen3": "ZeroMismatchQwen3ForCausalLM",
     "qwen3_moe": "ZeroMismatchQwen3MoeForCausalLM",
     "deepseek_v3": "ZeroMismatchDeepseekV3ForCausalLM",
+    "nemotron_h": "ZeroMismatchNemotronHForCausalLM",
 }
 
 
@@ -52,8 +54,7 @@ def serving_problems(
     family = PRESETS.get(model, {}).get("model_type")
     if family not in FAMILY_TO_ARCHITECTURE:
         families = ", ".join(sorted(FAMILY_TO_ARCHITECTURE))
-        problems.append(("model", f"the vLLM plugin serves the {families} families (a hybrid's Mamba2 "
-                                  "state needs vLLM's Mamba cache: docs/vllm.md)"))  # fmt: skip
+        problems.append(("model", f"the vLLM plugin serves the {families} families"))
     if kernels not in KERNEL_SETS:
         problems.append(("rollout_kernels", f"the vLLM plugin runs the {' or '.join(KERNEL_SETS)} kernels"))
     if quant != "none":

@@ -61,6 +61,19 @@ _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 _MIN_KV_CACHE_BYTES = 32 * 2**20
 
 
+def _state_bytes_per_sequence(model) -> int:
+    """A hybrid's Mamba2 state per request, all layers (conv window in the activation dtype, SSM
+    state in fp32: integrations/vllm/mamba.py); 0 for the other families."""
+    elt = torch.finfo(model.dtype).bits // 8
+    total = 0
+    for layer in model.decoder_layers:
+        spec = layer.state_cache_spec()
+        if spec is not None:
+            (channels, window), (heads, head_dim, state) = spec
+            total += channels * window * elt + heads * head_dim * state * 4
+    return total
+
+
 def _kv_bytes_per_token(model) -> int:
     elt = torch.finfo(model.dtype).bits // 8
     total = 0
@@ -171,6 +184,12 @@ class VllmEngine:
             self.shutdown()  # (removes the directory it made)
             raise
         kv_bytes = max_num_seqs * self.max_model_len * _kv_bytes_per_token(model) * 5 // 4
+        # vLLM's hybrid allocator pads attention and state pages to one size: room for twice the states
+        kv_bytes += 2 * max_num_seqs * _state_bytes_per_sequence(model)
+        # a hybrid's state summarises its whole prefix (no cached block can restore it): off, as the
+        # project engine turns it off for such a model (vLLM's Mamba prefix caching, "align" mode,
+        # copies states between blocks in vLLM's own layout, which the plugin does not keep)
+        enable_prefix_caching = enable_prefix_caching and model.supports_prefix_caching
         # the engine core (and on CPU the model) in this process: a step() returns once that step
         # ran, so a weight update lands between two known steps and every token's version is exact
         # (a separate engine-core process runs ahead of its client)

@@ -7,16 +7,20 @@ attention metadata, and ``compute_logits`` on the rows it samples. The wrapper
 * builds the project model from the checkpoint's own ``config.json`` (the project's parser, not
   transformers' config object, so the model is the one the trainer builds from the same file);
 * registers one vLLM ``Attention`` layer per project attention layer, with the plugin's backend,
-  so vLLM allocates, binds and block-manages a paged KV cache for it (``attention.py``);
+  so vLLM allocates, binds and block-manages a paged KV cache for it (``attention.py``), and
+  for a hybrid one ``MambaState`` per Mamba2 layer, so vLLM gives each request a state block
+  (``mamba.py``);
 * turns each step's metadata into the project's engine-mode ``ForwardBatch`` (packed tokens,
-  positions, ``cu_seqlens_q``, ``kv_lens``, block table, slot mapping) and a ``ModelCache`` whose
-  K/V tensors are views of vLLM's cache tensors, and runs the project's forward, i.e. the code
-  path of the project's own engine (chunked prefill, decode and mixed steps alike);
+  positions, ``cu_seqlens_q``, ``kv_lens``, block table, slot mapping, state slots) and a
+  ``ModelCache`` whose K/V and conv/SSM state tensors are views of vLLM's cache tensors, and runs
+  the project's forward, i.e. the code path of the project's own engine (chunked prefill, decode
+  and mixed steps alike);
 * projects logits with the project's fp32 ``compute_logits``;
 * installs the project's sampler in this process (``sampler.py``) and tells it each row's
   sequence length (its per-request stream index).
 
-Nothing of vLLM's model code runs; the classes differ only in the family they accept.
+Nothing of vLLM's model code runs; the classes differ only in the family they accept (and the
+hybrid's in the state sizes vLLM asks its class for before building it).
 """
 
 from __future__ import annotations
@@ -116,7 +120,25 @@ class _ZeroMismatchForCausalLM(nn.Module):
                 )
             )
         self.vllm_attn = nn.ModuleList(attn)
+        self.vllm_mamba, self.mamba_layer_of = self._mamba_state_layers(vllm_config, prefix)
         plugin_sampler.install(kernels)
+
+    def _mamba_state_layers(self, vllm_config, prefix: str):
+        """One ``mamba.MambaState`` per Mamba2 layer (none for the other families), and the index
+        of each decoder layer's among them (or None)."""
+        layers, index_of = [], []
+        for layer in self.model.decoder_layers:
+            spec = layer.state_cache_spec()
+            if spec is None:
+                index_of.append(None)
+                continue
+            from .mamba import MambaState
+
+            conv_shape, ssm_shape = spec
+            name = f"{prefix + '.' if prefix else ''}vllm_mamba.{len(layers)}"
+            index_of.append(len(layers))
+            layers.append(MambaState(conv_shape, ssm_shape, self.model.dtype, name))
+        return nn.ModuleList(layers), index_of
 
     # ---- vLLM's model interface ------------------------------------------------------------
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -159,11 +181,22 @@ class _ZeroMismatchForCausalLM(nn.Module):
             metadata = metadata[0]
         if not metadata:
             return None
-        return metadata[self.vllm_attn[0].layer_name]
+        first = metadata[self.vllm_attn[0].layer_name]
+        for layer in self.vllm_attn[1:]:
+            other = metadata[layer.layer_name]
+            if other is not first and not torch.equal(other.block_table, first.block_table):
+                # one project block table serves every attention layer
+                raise NotImplementedError(
+                    "the zeromismatch vLLM plugin needs every attention layer in one KV-cache group"
+                )
+        self._mamba_metadata = [metadata[layer.layer_name] for layer in self.vllm_mamba]
+        return first
 
     def _engine_batch(self, input_ids, positions, md) -> tuple[ForwardBatch, ModelCache]:
         num_tokens = int(md.num_actual_tokens)
         num_seqs = int(md.seq_lens.shape[0])
+        states = [layer.kv_cache for layer in self.vllm_mamba]
+        slots = [state_md.state_slots for state_md in self._mamba_metadata]
         cu = md.query_start_loc[: num_seqs + 1].to(torch.int64)
         caches = [project_cache_views(layer.kv_cache) for layer in self.vllm_attn]
         block_size = caches[0][0].shape[1]
@@ -176,14 +209,18 @@ class _ZeroMismatchForCausalLM(nn.Module):
             kv_lens=md.seq_lens[:num_seqs].to(torch.int64),
             block_table=project_block_table(md.block_table[:num_seqs]),
             slot_mapping=project_slot_mapping(md.slot_mapping[:num_tokens], block_size),
+            state_slots=slots[0] if slots else None,
         )
+        # (has_initial_state: the project's default, computed tokens > 0, is what vLLM's builder says)
+        of = self.mamba_layer_of
         cache = ModelCache(
             block_size=block_size,
             num_blocks=caches[0][0].shape[0],
             k_cache=k_cache,
             v_cache=v_cache,
-            conv_state=[None] * len(k_cache),
-            ssm_state=[None] * len(k_cache),
+            conv_state=[None if i is None else states[i][0] for i in of],
+            ssm_state=[None if i is None else states[i][1] for i in of],
+            state_slots=[None if i is None else slots[i] for i in of] if slots else None,
             k_scale=[None] * len(k_cache),
             v_scale=[None] * len(k_cache),
         )
@@ -200,3 +237,33 @@ class ZeroMismatchQwen3MoeForCausalLM(_ZeroMismatchForCausalLM):
 
 class ZeroMismatchDeepseekV3ForCausalLM(_ZeroMismatchForCausalLM):
     family = "deepseek_v3"
+
+
+class ZeroMismatchNemotronHForCausalLM(_ZeroMismatchForCausalLM):
+    """The hybrid: its Mamba2 layers' state in vLLM's Mamba cache (``mamba.py``). vLLM reads the
+    class attributes and methods below before it builds the model, to size the state pages and
+    align the attention block size with them."""
+
+    family = "nemotron_h"
+    is_hybrid = True
+    has_inner_state = True
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config):
+        from .mamba import hybrid_state_shapes
+
+        config, _ = _checkpoint_config(vllm_config)
+        return hybrid_state_shapes(config)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config):
+        # the project engine's: the conv window in the activation dtype, the SSM state in fp32
+        return vllm_config.model_config.dtype, torch.float32
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        # copies between blocks happen only with Mamba prefix caching (mamba_cache_mode="align"),
+        # which the plugin refuses (mamba.py); vLLM asks for them whatever the mode
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        return MambaStateCopyFuncCalculator.mamba2_state_copy_func()
