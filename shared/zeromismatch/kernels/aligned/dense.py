@@ -216,8 +216,10 @@ def gated_hidden(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """``silu(gate_f32) * x``: the gated norm's input, in fp32 for an fp32/bf16/fp16 x."""
     gate_f32 = gate.float()
     # in place only where the product keeps gate_f32's dtype: an fp64 x would otherwise be
-    # multiplied into an fp32 buffer, and rounded where the autograd path is not
-    if _needs_grad(gate, x) or torch.result_type(gate_f32, x) != gate_f32.dtype:
+    # multiplied into an fp32 buffer, and rounded where the autograd path is not. (promote_types of
+    # the dtypes is result_type for two tensors of one shape, and is no tensor op: result_type under
+    # inference mode is one, returning its dtype to Python, which a step-graph capture refuses)
+    if _needs_grad(gate, x) or torch.promote_types(gate_f32.dtype, x.dtype) != gate_f32.dtype:
         hidden = silu(gate_f32) * x
     else:  # a fresh fp32 copy (bf16 gate) is activated in place
         fresh = gate_f32 is not gate and gate_f32.is_contiguous()
