@@ -140,6 +140,7 @@ class ModelRunner:
         elif graphed.tokens is not None:  # the graph sampled too (every chunk of a decode step samples)
             return list(zip(chunks, graphed.tokens.tolist(), graphed.logprobs.tolist()))
         else:
+            assert graphed.batch is not None  # (the engine's graphs keep their batch: DecodeGraphs.forward)
             batch, hidden = graphed.batch, graphed.hidden
         sampling = [i for i, c in enumerate(chunks) if c.samples]
         if not sampling:

@@ -89,7 +89,7 @@ class GraphStep:
     """A step served by a graph: its batch and final hidden states, and -- when the graph also
     samples -- each row's token and its processed logprob (tensors the next replay rewrites)."""
 
-    batch: ForwardBatch
+    batch: ForwardBatch | None  # (None: a ``forward_values`` step, whose batch its caller built)
     hidden: torch.Tensor
     tokens: torch.Tensor | None = None
     logprobs: torch.Tensor | None = None
@@ -142,6 +142,8 @@ class DecodeGraphs:
         self.fruitless_rounds = 0  # weight changes in a row that came before any replay
         #: whether a step whose replay diverged can be rerun eagerly (no recurrent state to update twice)
         if recurrent is None:
+            if cache is None:
+                raise ValueError("DecodeGraphs needs the cache or recurrent= to know if steps can be rerun")
             recurrent = any(state is not None for state in cache.ssm_state + cache.conv_state)
         self.rerunnable = not recurrent
         if self.enabled and not isinstance(model, torch.nn.Module):

@@ -187,10 +187,12 @@ class _ZeroMismatchForCausalLM(nn.Module):
         seqs = batch.num_seqs
         if not self.graphs.enabled or batch.input_ids.shape[0] != seqs:
             return None  # (prefill and chunked prefill run eagerly, as on the project engine)
-        width = batch.block_table.shape[1]
+        table, slot_mapping = batch.block_table, batch.slot_mapping
+        assert table is not None and slot_mapping is not None  # (engine mode: _engine_batch sets both)
+        width = table.shape[1]
         layer_slots = [s for s in cache.state_slots or [] if s is not None]
-        fields = [batch.input_ids, batch.positions, batch.slot_mapping, batch.cu_seqlens_q, batch.kv_lens]
-        values = torch.cat([*fields, batch.block_table.reshape(-1), *layer_slots])
+        fields = [batch.input_ids, batch.positions, slot_mapping, batch.cu_seqlens_q, batch.kv_lens]
+        values = torch.cat([*fields, table.reshape(-1), *layer_slots])
         state = cache.k_cache + cache.v_cache + cache.conv_state + cache.ssm_state
         of = self.mamba_layer_of
 
