@@ -48,7 +48,11 @@ stop_wave() {
 
 # Slurm daemons first (slurmctld may still flush job records to slurmdbd while it exits),
 # then the accounting daemon, its database and authentication.
-stop_wave "slurmd=$ROOT/run/slurmd.pid" "slurmctld=$ROOT/run/slurmctld.pid"
+slurmds=()
+for file in "$ROOT"/run/slurmd.pid "$ROOT"/run/slurmd-*.pid; do  # (slurmd.pid: an older layout's)
+  [ -e "$file" ] && slurmds+=("$(basename "$file" .pid)=$file")
+done
+stop_wave "${slurmds[@]}" "slurmctld=$ROOT/run/slurmctld.pid"
 stop_wave "slurmdbd=$ROOT/run/slurmdbd.pid" "mariadbd=$ROOT/mysqlrun/mariadb.pid" "munged=$ROOT/run/munged.pid"
 if [ $PURGE = 1 ]; then rm -rf "$ROOT"; echo "[local-slurm] removed $ROOT" >&2; fi
 exit 0

@@ -66,7 +66,7 @@ def test_ray_recipe_starts_a_cluster_inside_a_slurm_job(slurm_controller, tmp_pa
         mem_gb=2, timeout_min=5,
     )  # fmt: skip
     report = result_of(job, timeout_s=180)
-    assert report["alive_nodes"] == 1
+    assert report["alive_nodes"] == 1 and report["task_slurm_nodes"] == ["local"]
     assert report["resources"]["CPU"] == 2.0  # the head took the task's CPUs, as the recipe says
     # The teardown stopped Ray, so the blocking head step ended and the job left the queue promptly
     # instead of waiting for Slurm's KillWait.
@@ -74,5 +74,23 @@ def test_ray_recipe_starts_a_cluster_inside_a_slurm_job(slurm_controller, tmp_pa
     while subprocess.run(["squeue", "-h", "-j", job.job_id], capture_output=True, text=True).stdout.strip():
         assert time.monotonic() < deadline, f"job {job.job_id} still in the queue 20 s after its result"
         time.sleep(0.5)
+    if slurm_controller["accounting"]:
+        assert accounted_state(job) == "COMPLETED"
+
+
+@pytest.mark.slow
+def test_ray_recipe_joins_the_second_node_of_a_two_node_slurm_job(slurm_controller, tmp_path):
+    """The multi-node half of the recipe, for real: a two-node allocation (partition twin: two more
+    slurmd on this machine, cluster/local_slurm), the head on its first node, a worker started on
+    the second with that node's task CPUs, the driver waiting until both joined."""
+    job = submit(
+        ray_cluster_report, cluster="slurm", profile="local-cpu-two-nodes", folder=tmp_path, ray=True,
+        timeout_min=5,
+    )  # fmt: skip
+    report = result_of(job, timeout_s=240)
+    assert report["alive_nodes"] == 2
+    assert report["resources"]["CPU"] == 2.0  # one task CPU from each node, not the machine's twice
+    # a task pinned to each Ray node ran under that node's slurmd: the worker is the second node's
+    assert report["task_slurm_nodes"] == ["twin1", "twin2"]
     if slurm_controller["accounting"]:
         assert accounted_state(job) == "COMPLETED"

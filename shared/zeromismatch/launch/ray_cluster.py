@@ -26,10 +26,10 @@ script on the first node of the allocation, before the job's own command:
    :func:`init_ray` connects to the address and waits until all ``SLURM_JOB_NUM_NODES`` nodes have
    joined (the workers' readiness wait).
 
-The recipe runs here on the single-node Slurm of cluster/local_slurm (head only, no workers, no
-GPUs; tests/cluster/test_cluster_slurm.py and the full-smoke tests); the multi-node worker loop and
-GPU counts are checked in the dry-run text only (emulating two nodes on one machine needs a slurmd
-built with --enable-multiple-slurmd; not tried with Debian's build here).
+The recipe runs here on the Slurm of cluster/local_slurm: on one node (tests/cluster/test_cluster_slurm.py
+and the full-smoke tests) and on two (its partition ``twin``, two more slurmd on the same machine: a
+head and a worker that joins, the driver waiting for both); GPU counts are checked in the dry-run
+text only.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def ray_slurm_teardown_lines() -> list[str]:
 
 
 def ray_cluster_report() -> dict[str, object]:
-    """Join (or start) Ray, run one tiny task per alive node, shut down; say what was there.
+    """Join (or start) Ray, run one tiny task on each alive node, shut down; say what was there.
 
     A smoke job for a fresh allocation: ``submit(ray_cluster_report, cluster="slurm", ray=True, ...)``
     shows whether every node joined with its GPUs before a long run is launched.
@@ -212,20 +212,30 @@ def ray_cluster_report() -> dict[str, object]:
     import socket
 
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     init_ray()
     try:
         nodes = [node for node in ray.nodes() if node.get("Alive")]
 
         @ray.remote(num_cpus=1)
-        def where() -> str:
-            return socket.gethostname()
+        def where() -> tuple[str, str | None]:
+            # the Slurm node whose srun started this Ray node (its raylet's environment)
+            return socket.gethostname(), os.environ.get("SLURMD_NODENAME")
 
-        hosts = ray.get([where.remote() for _ in nodes])
+        # one task pinned to each Ray node
+        pinned = [
+            where.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote()
+            for node in nodes
+        ]
+        places = ray.get(pinned)
         return {
             "alive_nodes": len(nodes),
             "resources": {key: float(value) for key, value in ray.cluster_resources().items()},
-            "task_hosts": sorted(hosts),
+            "task_hosts": sorted(host for host, _ in places),
+            "task_slurm_nodes": sorted(str(node) for _, node in places),
         }
     finally:
         ray.shutdown()

@@ -177,7 +177,8 @@ def submit(
     ray: bool = False,
     dry_run: bool = False,
 ):
-    """Submit ``fn(*args)`` and return its submitit ``Job`` (a list of jobs when ``array`` is given).
+    """Submit ``fn(*args)`` and return its submitit ``Job`` (a list of jobs when ``array`` is given;
+    with ``ray=True`` on several Slurm nodes, the job's task 0, the one that runs ``fn``).
 
     ``array``: one job per element, run as a single Slurm job array; each element is a tuple of
     extra positional arguments appended after ``args`` (``fn(*args, *element)``). For keyword
@@ -272,8 +273,15 @@ def submit(
     atomic_write_json(config_path, config)
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
     executor.update_parameters(**params)
+
+    def driver(job):
+        # with Ray on several nodes fn runs once, as task 0 on the head (the other nodes hold Ray
+        # workers and run no function), so the job's result is that task's: submitit would wait for
+        # one from every node's task (found by the two-node test: "task 1 has not produced any output")
+        return job.task(0) if cluster == "slurm" and ray and job.num_tasks > 1 else job
+
     if elements is None:
-        return executor.submit(fn, *args)
+        return driver(executor.submit(fn, *args))
     with executor.batch():
         jobs = [executor.submit(fn, *args, *element) for element in elements]
-    return jobs
+    return [driver(job) for job in jobs]
