@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ...engine.runner import batch_from_values
 from ...engine.step_graphs import DecodeGraphs
 from ...kernels import get_kernels
 from ...models import build_model
@@ -191,23 +192,17 @@ class _ZeroMismatchForCausalLM(nn.Module):
         assert table is not None and slot_mapping is not None  # (engine mode: _engine_batch sets both)
         width = table.shape[1]
         layer_slots = [s for s in cache.state_slots or [] if s is not None]
+        # the project engine's layout of a step's int64 fields (engine/runner.py::batch_from_values),
+        # then each Mamba layer's state slots
+        batch_slots = layer_slots[0] if layer_slots else torch.zeros(seqs, dtype=torch.int64)
         fields = [batch.input_ids, batch.positions, slot_mapping, batch.cu_seqlens_q, batch.kv_lens]
-        values = torch.cat([*fields, table.reshape(-1), *layer_slots])
+        values = torch.cat([*fields, batch_slots, table.reshape(-1), *layer_slots])
         state = cache.k_cache + cache.v_cache + cache.conv_state + cache.ssm_state
-        of = self.mamba_layer_of
+        of, head = self.mamba_layer_of, values.numel() - seqs * len(layer_slots)
 
         def forward(base: torch.Tensor) -> torch.Tensor:
-            sizes = [seqs, seqs, seqs, seqs + 1, seqs, seqs * width] + [seqs] * len(layer_slots)
-            ids, positions, slot_mapping, cu, kv_lens, table, *slots = base.split(sizes)
-            step_batch = ForwardBatch(
-                input_ids=ids,
-                positions=positions,
-                cu_seqlens_q=cu,
-                kv_lens=kv_lens,
-                block_table=table.view(seqs, width),
-                slot_mapping=slot_mapping,
-                state_slots=slots[0] if slots else None,
-            )
+            step_batch = batch_from_values(base[:head], (seqs, seqs, width))
+            slots = base[head:].split(seqs) if layer_slots else ()
             per_layer = [None if i is None else slots[i] for i in of] if slots else None
             return self.model(step_batch, dataclasses.replace(cache, state_slots=per_layer))
 
