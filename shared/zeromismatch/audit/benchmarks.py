@@ -203,6 +203,14 @@ def _vllm_plugin(data: Node) -> str:
             f"; {tps['vllm-plugin-native'].number():.0f} tokens/s (aligned-native), ratio "
             f"{data['ratio_vllm_plugin_native_over_vllm'].number():.2f}"
         )
+    if data.has("ratio_vllm_plugin_native_graphs_over_vllm_graphs"):
+        # each side with its graph mode on (enforce_eager=False): vLLM compiles its model, the plugin
+        # replays the project's step graphs
+        text += (
+            f"; in graph mode (enforce_eager=False on both: vLLM's torch.compile, the plugin's step "
+            f"graphs) {tps['vllm-plugin-native-graphs'].number():.0f} vs {tps['vllm-graphs'].number():.0f} "
+            f"tokens/s, ratio {data['ratio_vllm_plugin_native_graphs_over_vllm_graphs'].number():.2f}"
+        )
     return text + "."
 
 
