@@ -74,7 +74,6 @@ def test_one_response_per_prompt_is_refused_for_every_group_baseline(algo):
     ("changes", "field"),
     [
         ({"rollout_engine": "sglang"}, "rollout_engine"),
-        ({"model": "tiny-nemotron-h"}, "model"),  # no plugin model for the hybrid (Mamba2 state)
         ({"rollout_kernels": "default"}, "rollout_kernels"),
         ({"kernels": "default"}, "kernels"),
         ({"kv_cache_dtype": "fp8_e4m3", "rollout_dtype": "bfloat16"}, "kv_cache_dtype"),
@@ -92,6 +91,6 @@ def test_vllm_rollout_refuses_what_the_plugin_cannot_serve(changes, field):
 
 
 def test_vllm_rollout_accepts_the_aligned_stack_of_every_plugin_family():
-    for model in ("tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3"):
+    for model in ("tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-nemotron-h"):
         for dtype in ("float32", "bfloat16"):
             assert RLConfig(rollout_engine="vllm", model=model, dtype=dtype).rollout_engine == "vllm"
